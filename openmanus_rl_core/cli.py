@@ -1,0 +1,107 @@
+"""The ``openmanus-rl`` command.
+
+    openmanus-rl plugins [KIND] [--json] [--check]
+    openmanus-rl train   [--cfg job] [key=value ...]      # Hydra overrides, e.g. env=textcraft algorithm=ppo
+    openmanus-rl rollout [--cfg job] [key=value ...]
+    openmanus-rl eval    [--cfg job] [key=value ...]
+    openmanus-rl data make [--cfg job] [key=value ...]
+
+Listing plugins imports no component and no torch; the other commands import their module only when run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Sequence
+
+from openmanus_rl_core import registry
+from openmanus_rl_core.registry import KINDS, PluginError
+
+# command -> "module:function(cfg)"; imported only when that command runs.
+JOBS = {
+    "train": "openmanus_rl_core.trainer:train",
+    "rollout": "openmanus_rl_core.rollout_job:rollout",
+    "eval": "openmanus_rl_core.trainer:evaluate",
+    "data": "openmanus_rl_core.data:make",
+}
+SUBACTIONS = {"data": ["make"]}
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from openmanus_rl_core.plugins import hook_entries
+
+    rows = registry.entries(args.kind) + ([] if args.kind else hook_entries())
+    records = []
+    for e in rows:
+        problem = e.static_problem()
+        if problem is None and args.check:
+            problem = registry.check(e)
+        records.append({
+            "kind": e.kind, "name": e.name, "distribution": e.dist, "version": e.version,
+            "value": e.value, "status": "ok" if problem is None else "broken", "error": problem,
+        })
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    if not records:
+        print(f"no {args.kind or ''} plugins installed".replace("  ", " "))
+        return 0
+    cols = ["kind", "name", "distribution", "version", "status"]
+    widths = {c: max(len(c), *(len(str(r[c])) for r in records)) for c in cols}
+    print("  ".join(c.upper().ljust(widths[c]) for c in cols))
+    for r in records:
+        print("  ".join(str(r[c]).ljust(widths[c]) for c in cols))
+        if r["error"]:
+            print(f"    ! {r['error']}")
+    return 0
+
+
+def _job(command: str, args: argparse.Namespace) -> int:
+    from openmanus_rl_core.config import compose, to_yaml
+
+    cfg = compose(list(args.overrides))
+    if args.cfg:
+        print(to_yaml(cfg), end="")
+        return 0
+    module, func = JOBS[command].split(":")
+    return int(getattr(importlib.import_module(module), func)(cfg) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="openmanus-rl", description="Train LLM agents with reinforcement learning.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plugins", help="list installed plugin components (imports none of them)")
+    p.add_argument("kind", nargs="?", choices=list(KINDS), help="only this kind")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--check", action="store_true", help="also import each component and report failures")
+    p.set_defaults(run=_plugins)
+    for command in JOBS:
+        j = sub.add_parser(command, help=f"{command} (Hydra overrides: key=value)")
+        j.set_defaults(run=lambda a, c=command: _job(c, a))
+        if command in SUBACTIONS:
+            j.add_argument("action", choices=SUBACTIONS[command])
+        j.add_argument("--cfg", choices=["job"], help="print the composed config and exit")
+        j.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. env=textcraft trainer.total_steps=10")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except PluginError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # Hydra's composition and override errors already say what is wrong; a traceback adds nothing.
+        if type(exc).__module__.startswith("hydra.") or type(exc).__module__.startswith("omegaconf."):
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

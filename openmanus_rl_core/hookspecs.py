@@ -1,0 +1,62 @@
+"""Lifecycle hooks a plugin module (entry-point group ``openmanus_rl``) may implement.
+
+Implement any subset in a module and register it::
+
+    [project.entry-points.openmanus_rl]
+    my_plugin = "my_package.hooks"
+
+    # my_package/hooks.py
+    from openmanus_rl_core.hookspecs import hookimpl
+
+    @hookimpl
+    def openmanus_rl_step_end(step, metrics):
+        print(step, metrics["train/reward_mean"])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+PROJECT = "openmanus_rl"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def openmanus_rl_config_dirs() -> list[str]:
+    """Config folders this plugin contributes to the Hydra search path.
+
+    Return paths or Hydra search-path URLs (``pkg://my_package.configs``, ``file:///abs/dir``). A folder
+    holds group options such as ``env/my_env.yaml`` so that ``openmanus-rl train env=my_env`` works
+    right after ``pip install``. Every implementation's list is used.
+    """
+
+
+@hookspec
+def openmanus_rl_run_start(cfg: Any, run_dir: str) -> None:
+    """Called once before the first step with the composed config (an OmegaConf DictConfig) and the
+    run directory, e.g. to open a logger."""
+
+
+@hookspec
+def openmanus_rl_process_trajectories(trajectories: list, step: int) -> None:
+    """Called after each rollout, before rewards are composed, with the step's
+    :class:`~openmanus_rl_core.protocols.Trajectory` list. May change the trajectories in place
+    (filter turns, add ``info``); must keep the list's length and order."""
+
+
+@hookspec
+def openmanus_rl_rollout_end(trajectories: list, metrics: dict[str, float], step: int) -> None:
+    """Called after rewards are composed, with the trajectories and the rollout's metrics (read only)."""
+
+
+@hookspec
+def openmanus_rl_step_end(step: int, metrics: dict[str, float]) -> None:
+    """Called after each training step with that step's metrics (``train/reward_mean`` and others)."""
+
+
+@hookspec
+def openmanus_rl_run_end(run_dir: str, metrics: dict[str, float]) -> None:
+    """Called once after the last step with the final metrics, also when the run failed part way."""

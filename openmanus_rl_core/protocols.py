@@ -1,0 +1,267 @@
+"""The plugin contract: every type a plugin author implements or receives, in one module.
+
+A plugin author reads only this file. It imports nothing heavy (no torch), so a plugin that only
+implements an environment or a template never pulls the training stack in.
+
+Kinds and their entry-point groups (the entry-point name is the name a config selects):
+
+=============  ============================  =====================================================
+kind           entry-point group             the value (``module:attr``)
+=============  ============================  =====================================================
+env            ``openmanus_rl.envs``         an :class:`Env` class or factory ``(**kwargs) -> Env``
+reward         ``openmanus_rl.rewards``      a :class:`RewardComponent` class, or a function
+                                             ``compute_score(solution_str, ground_truth, **kw)``
+template       ``openmanus_rl.templates``    an :class:`ActionTemplate` class
+allocator      ``openmanus_rl.allocators``   an :class:`Allocator` class or function
+advantage      ``openmanus_rl.advantages``   ``estimator(batch, **cfg) -> (advantages, returns)``
+loss           ``openmanus_rl.losses``       ``loss(old_logprob, logprob, advantages, mask, **cfg)``
+engine         ``openmanus_rl.engines``      a :class:`RolloutEngine` class
+=============  ============================  =====================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+__all__ = [
+    "StepResult",
+    "Env",
+    "OracleEnv",
+    "ParsedAction",
+    "ActionTemplate",
+    "Turn",
+    "Trajectory",
+    "RewardComponent",
+    "Allocator",
+    "SamplingParams",
+    "Generation",
+    "RolloutEngine",
+    "TERMINATIONS",
+]
+
+
+# ----------------------------------------------------------------------------------------------- env
+@dataclass
+class StepResult:
+    """What one :meth:`Env.step` returns.
+
+    ``reward`` is this step's reward (not cumulative). ``info`` may carry ``success`` (bool) and
+    ``score`` (float); anything else is passed through to the trajectory for logging.
+    """
+
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Env(Protocol):
+    """A text environment. It may block (an HTTP call); the rollout runs many of them concurrently.
+
+    Optional attributes the core uses when present:
+
+    - ``instruction: str`` -- describes the task family and the action syntax; templates put it in the
+      system prompt.
+    - ``num_tasks: int`` -- how many distinct task ids exist (``openmanus-rl data make`` uses it).
+    """
+
+    def reset(self, task_id: int | None = None, seed: int | None = None) -> str:
+        """Start an episode and return the first observation.
+
+        The same ``(task_id, seed)`` must give the same initial state: group-based estimators compare
+        several samples of one task.
+        """
+
+    def step(self, action: str) -> StepResult:
+        """Apply one action (the content the template parsed out of the model's reply).
+
+        Any text may arrive here; an action the env does not understand is answered with an
+        observation saying so (and ``info["invalid"] = True``), never with an exception.
+        """
+
+    def close(self) -> None:
+        """Release the env's resources. Called once, also after an error."""
+
+
+@runtime_checkable
+class OracleEnv(Env, Protocol):
+    """An env that knows a correct next action: used for tests and the supervised warm-up."""
+
+    def oracle_action(self) -> str:
+        """The action an expert takes in the current state (before :meth:`Env.step`)."""
+
+
+# ------------------------------------------------------------------------------------------ template
+@dataclass
+class ParsedAction:
+    """A model reply as the template understood it.
+
+    ``kind`` is the template's word for what was found (``"action"``, ``"answer"``, ``"tool_call"``)
+    or ``"invalid"``; ``content`` is what goes to :meth:`Env.step` (for an invalid reply: the raw
+    text, so the env can answer it). ``thought`` is the reasoning part, if the template has one.
+    """
+
+    kind: str
+    content: str
+    valid: bool
+    thought: str = ""
+
+
+@runtime_checkable
+class ActionTemplate(Protocol):
+    """How the model is asked to act, and how its replies are read.
+
+    Attribute ``stop: list[str]`` -- strings that end a reply (the engine stops generating there,
+    keeping the stop string).
+    """
+
+    stop: list[str]
+
+    def system_prompt(self, instruction: str) -> str:
+        """The system message for a task family, given the env's ``instruction`` (may be empty)."""
+
+    def parse(self, text: str) -> ParsedAction:
+        """Read a model reply. Never raises: an unparseable reply is ``ParsedAction(valid=False)``."""
+
+    def render(self, action: str, thought: str = "") -> str:
+        """A well-formed reply that carries ``action`` (demonstrations for the warm-up and tests).
+
+        ``parse(render(a)).content == a`` for every action ``a`` the env accepts.
+        """
+
+
+# -------------------------------------------------------------------------------------- trajectory
+TERMINATIONS = ("done", "max_turns", "truncated", "env_error", "invalid")
+"""Why an episode ended: the env said done; the turn limit; a token limit; the env failed; the
+rollout gave up on a model that produced nothing usable."""
+
+
+@dataclass
+class Turn:
+    """One model reply and the env's answer to it.
+
+    ``span`` is ``[start, end)`` of the reply's tokens within the trajectory's response tokens
+    (the part after the prompt), so allocators can place rewards on exactly those tokens.
+    """
+
+    response: str
+    action: ParsedAction
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+    span: tuple[int, int] = (0, 0)
+
+
+@dataclass
+class Trajectory:
+    """One episode, as reward components and allocators see it.
+
+    ``task`` carries the task's own row (e.g. ``ground_truth``, ``data_source``) for scorers.
+    ``response_length`` is the number of response tokens (agent and observation tokens).
+    """
+
+    task_id: int | None
+    seed: int | None
+    group_id: Any
+    initial_observation: str
+    turns: list[Turn] = field(default_factory=list)
+    success: bool | None = None
+    termination: str = "done"
+    error: str | None = None
+    response_length: int = 0
+    task: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def env_reward(self) -> float:
+        """Sum of the env's per-step rewards."""
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def final_response(self) -> str:
+        """The last model reply (single-turn scorers read this)."""
+        return self.turns[-1].response if self.turns else ""
+
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        """``[start, end)`` token spans of the agent's replies, one per turn."""
+        return [t.span for t in self.turns]
+
+
+# ------------------------------------------------------------------------------------------ reward
+@runtime_checkable
+class RewardComponent(Protocol):
+    """One reward signal. The composer sums ``weight * compute(trajectory)`` over components.
+
+    Optional: ``compute_turns(trajectory) -> list[float]`` (one value per turn, summing to what
+    ``compute`` returns) for process rewards; the ``per_turn`` allocator then puts each turn's
+    value on that turn's tokens. Without it, the whole value counts for the last turn.
+
+    ``compute`` may also return a dict ``{"score": float, **extra_metrics}``.
+    """
+
+    def compute(self, trajectory: Trajectory) -> float:
+        """The component's unweighted value for one trajectory."""
+
+
+# --------------------------------------------------------------------------------------- allocator
+@runtime_checkable
+class Allocator(Protocol):
+    """Places a trajectory's reward on its response tokens.
+
+    ``reward`` is the composed total; ``turn_rewards`` splits it per turn (same sum); ``segments``
+    are the agent tokens' ``[start, end)`` spans in the response, one per turn; ``length`` is the
+    response length. Returns ``length`` floats; non-agent positions must be 0.
+    """
+
+    def __call__(
+        self,
+        reward: float,
+        turn_rewards: Sequence[float],
+        segments: Sequence[tuple[int, int]],
+        length: int,
+    ) -> list[float]: ...
+
+
+# ------------------------------------------------------------------------------------------ engine
+@dataclass
+class SamplingParams:
+    """How an engine samples. ``stop`` strings end a reply (kept in the output)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: list[str] = field(default_factory=list)
+    greedy: bool = False
+
+
+@dataclass
+class Generation:
+    """One sampled reply: its token ids and their log-probabilities under the sampling policy.
+
+    ``finish_reason`` is ``"stop"`` (a stop string or EOS) or ``"length"``.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Generates replies for a batch of token-id prompts in ONE call."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """One generation per prompt, in order."""
+
+    def update_weights(self, state_dict: dict[str, Any]) -> None:
+        """Load the actor's new weights in memory (no round trip through disk)."""
