@@ -1,0 +1,71 @@
+"""RL algorithm kernels: advantage estimators, policy/value losses, KL penalties.
+
+Pure tensor functions in the style of verl's ``core_algos``: tensors in, tensors out, each documented with its
+formula and shapes. The registered entry points (``*_estimator``, ``ppo_clip_loss``) adapt them to a ``Batch``.
+"""
+
+from .advantages import (
+    compute_gae,
+    compute_gigpo,
+    compute_grpo,
+    compute_reinforce_plus_plus,
+    compute_rloo,
+    discounted_returns,
+    gae_estimator,
+    gigpo_estimator,
+    gigpo_step_advantages,
+    group_index,
+    grpo_estimator,
+    grpo_no_std_estimator,
+    grpo_sequence_advantages,
+    reinforce_plus_plus_estimator,
+    rloo_estimator,
+    rloo_sequence_advantages,
+)
+from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_penalty
+from .losses import (
+    LOSS_AGG_MODES,
+    agg_loss,
+    entropy_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    policy_loss,
+    ppo_clip_loss,
+    value_loss,
+)
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "agg_loss",
+    "apply_kl_penalty",
+    "compute_gae",
+    "compute_gigpo",
+    "compute_grpo",
+    "compute_reinforce_plus_plus",
+    "compute_rloo",
+    "discounted_returns",
+    "entropy_from_logits",
+    "gae_estimator",
+    "gigpo_estimator",
+    "gigpo_step_advantages",
+    "group_index",
+    "grpo_estimator",
+    "grpo_no_std_estimator",
+    "grpo_sequence_advantages",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "policy_loss",
+    "ppo_clip_loss",
+    "reinforce_plus_plus_estimator",
+    "rloo_estimator",
+    "rloo_sequence_advantages",
+    "value_loss",
+]

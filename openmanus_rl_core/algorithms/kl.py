@@ -1,0 +1,128 @@
+"""KL divergence between the policy and the reference policy: per-token estimators, coefficient controllers, and
+the KL-in-reward penalty.
+
+Per-token estimators of ``KL(pi || pi_ref)`` from sampled-token log-probabilities (Schulman, "Approximating KL
+divergence", 2020), with ``d = logprob - ref_logprob``:
+
+- ``k1``:  ``d``                                    (unbiased, high variance, can be negative)
+- ``k2``:  ``0.5 * d^2``                            (biased, low variance, >= 0)
+- ``k3``:  ``exp(-d) - (-d) - 1``, clamped to [-10, 10]   (unbiased, low variance, >= 0; verl's ``low_var_kl``)
+- ``abs``: ``|d|``
+
+verl's names ``kl`` (= k1), ``mse`` (= k2) and ``low_var_kl`` (= k3) are accepted as aliases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .losses import _as_bool_mask, masked_mean
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "apply_kl_penalty",
+    "kl_penalty",
+]
+
+
+def _k1(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return logprob - ref_logprob
+
+
+def _k2(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (logprob - ref_logprob).square()
+
+
+def _k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    # The inner clamp only keeps exp() finite; any value it changes lands beyond the outer clamp anyway.
+    # expm1 keeps precision when the log-ratio is tiny (exp(x) - 1 would cancel to 0 or below).
+    log_ratio = torch.clamp(ref_logprob - logprob, -20.0, 20.0)
+    return torch.clamp(torch.expm1(log_ratio) - log_ratio, -10.0, 10.0)
+
+
+def _abs(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return (logprob - ref_logprob).abs()
+
+
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": _k1,
+    "k2": _k2,
+    "k3": _k3,
+    "abs": _abs,
+    "kl": _k1,
+    "mse": _k2,
+    "low_var_kl": _k3,
+}
+
+
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str = "k1") -> torch.Tensor:
+    """Per-token KL estimate of ``kind`` (see the module docstring). Shapes: ``[B, T], [B, T] -> [B, T]``."""
+    try:
+        fn = KL_ESTIMATORS[kind]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown KL estimator {kind!r}; valid kinds: {sorted(KL_ESTIMATORS)}") from None
+    if logprob.shape != ref_logprob.shape:
+        raise ValueError(f"logprob shape {tuple(logprob.shape)} != ref_logprob shape {tuple(ref_logprob.shape)}")
+    return fn(logprob, ref_logprob)
+
+
+@torch.no_grad()
+def apply_kl_penalty(
+    token_rewards: torch.Tensor,
+    logprob: torch.Tensor,
+    ref_logprob: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+    kind: str = "k1",
+) -> tuple[torch.Tensor, float]:
+    """KL as a reward penalty: ``r'_t = r_t - kl_coef * kl_t * mask_t``.
+
+    ``mean_kl`` is the batch mean of each sequence's masked token-mean KL (verl's convention), a Python float to feed
+    ``AdaptiveKLController.update``. Shapes: all ``[B, T]``; returns ``([B, T], float)``.
+    """
+    mask = _as_bool_mask(response_mask, token_rewards, "response_mask")
+    kl = kl_penalty(logprob, ref_logprob, kind)
+    kl = torch.where(mask, kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
+    new_rewards = token_rewards - kl_coef * kl.to(token_rewards.dtype)
+    per_seq = masked_mean(kl, mask, dim=-1)
+    mean_kl = float(per_seq.mean()) if per_seq.numel() else 0.0
+    return new_rewards, mean_kl
+
+
+class FixedKLController:
+    """A constant KL coefficient; ``update`` does nothing."""
+
+    def __init__(self, kl_coef: float) -> None:
+        if kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {kl_coef!r}")
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        return None
+
+
+class AdaptiveKLController:
+    """The adaptive KL coefficient of Ziegler et al. 2019 ("Fine-Tuning LMs from Human Preferences", sec. 2.2).
+
+    ``update(current_kl, n_steps)``: ``e = clip(current_kl / target_kl - 1, -0.2, 0.2)``, then
+    ``value *= 1 + e * n_steps / horizon``: the coefficient rises while KL exceeds the target and falls below it.
+    """
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: int) -> None:
+        if init_kl_coef < 0:
+            raise ValueError(f"init_kl_coef must be >= 0, got {init_kl_coef!r}")
+        if not target_kl > 0:
+            raise ValueError(f"target_kl must be > 0, got {target_kl!r}")
+        if not horizon > 0:
+            raise ValueError(f"horizon must be > 0, got {horizon!r}")
+        self.value = float(init_kl_coef)
+        self.target = float(target_kl)
+        self.horizon = float(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        proportional_error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + proportional_error * n_steps / self.horizon
