@@ -171,9 +171,13 @@ class Registry:
         _group(kind)
         self.kind = kind
         self._loaded: dict[PluginEntry, Any] = {}
+        self._entries: list[PluginEntry] | None = None
 
-    def entries(self) -> list[PluginEntry]:
-        return entries(self.kind)
+    def entries(self, refresh: bool = False) -> list[PluginEntry]:
+        """The entries of this kind; metadata is read once (about 30 ms) and again on ``refresh``."""
+        if refresh or self._entries is None:
+            self._entries = entries(self.kind)
+        return self._entries
 
     def names(self) -> list[str]:
         return sorted({e.name for e in self.entries()})
@@ -182,12 +186,12 @@ class Registry:
         """The entry a config name means: ``name`` or ``dist:name``."""
         if not isinstance(name, str) or not name:
             raise UnknownPluginError(f"{self.kind} name must be a non-empty string, got {name!r}")
-        all_entries = self.entries()
         dist, _, short = name.rpartition(":")
-        if dist:
-            found = [e for e in all_entries if e.name == short and _same_dist(e.dist, dist)]
-        else:
-            found = [e for e in all_entries if e.name == short]
+        for refresh in (False, True):  # a miss re-reads metadata: the plugin may have been installed since
+            all_entries = self.entries(refresh=refresh)
+            found = [e for e in all_entries if e.name == short and (not dist or _same_dist(e.dist, dist))]
+            if found:
+                break
         if len(found) == 1:
             return found[0]
         if len(found) > 1:

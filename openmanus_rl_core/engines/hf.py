@@ -1,0 +1,224 @@
+"""``hf``: a rollout engine on Hugging Face transformers (CPU or GPU), sampling done by our own code.
+
+One :meth:`HFEngine.generate` call decodes every prompt of the batch together: prompts are left-padded, the
+prefill is one forward pass, and each further token is one forward pass of the whole live batch over the KV cache
+(``DynamicCache``). Rows that finished are dropped from the batch (and their KV cache rows with them) so that the
+cost follows the number of live sequences; the loop ends as soon as every sequence has finished.
+
+Sampling and the returned log-probabilities (the policy the trainer must agree with)::
+
+    z      = logits / T                       (T = params.temperature; T = 1 when greedy with temperature <= 0)
+    logp   = log_softmax(z)                   over the FULL vocabulary
+    sample ~ softmax(top_p(top_k(z)))         (Gumbel-max with this engine's generator; greedy: argmax)
+    logprob of the token = logp[token]        (before the top-k / top-p truncation)
+
+This is verl's convention: the actor recomputes ``log_softmax(logits / T)`` over the full vocabulary, so the
+rollout's ``old_log_prob`` and the actor's new one are the same function of the weights. (With top-p/top-k < full
+the sampler is a truncation of that distribution; the small mismatch is the usual one and vanishes at top_p=1,
+top_k=0.)
+
+Stopping, per sequence: at an EOS token (the tokenizer's and the model's generation config's; the EOS token is kept
+in ``token_ids``, left out of ``text``); at a stop string (decoded incrementally over the tail of the sequence; the
+token that completes the stop string is the last one kept, so the stop string stays in the output and nothing
+after that token is generated); at ``max_new_tokens`` with ``finish_reason="length"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from openmanus_rl_core.protocols import Generation, SamplingParams
+
+__all__ = ["HFEngine", "filter_logits"]
+
+
+def filter_logits(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Top-k then nucleus (top-p) truncation of ``z`` [B, V]: removed entries become ``-inf``.
+
+    top-p keeps the smallest prefix of the sorted distribution whose mass reaches ``top_p`` (at least one token).
+    """
+    if top_k and 0 < top_k < z.shape[-1]:
+        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True)
+        probs = torch.softmax(sorted_z, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        remove_sorted = mass_before >= top_p
+        remove_sorted[..., 0] = False
+        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+        z = z.masked_fill(remove, float("-inf"))
+    return z
+
+
+class HFEngine:
+    """Batched sampling from a ``transformers`` causal LM; implements ``protocols.RolloutEngine``.
+
+    ``model``: a causal LM (its ``forward`` takes ``input_ids``, ``attention_mask``, ``position_ids``,
+    ``past_key_values``); ``tokenizer``: its tokenizer (decoding for stop strings and ``text``); ``device``: where
+    the model runs (the model is moved there); ``seed``: seeds this engine's own sampling generator, so two engines
+    with the same seed, weights and prompts sample the same tokens. ``num_threads``: torch intra-op threads while
+    generating (restored afterwards); None leaves torch's setting. For a tiny model on a CPU, 1 is often several
+    times faster than more (each decoding step is too small to split, and threads spin-wait on a busy machine).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, device: str | torch.device = "cpu", seed: int = 0,
+                 num_threads: int | None = None):
+        self.num_threads = int(num_threads) if num_threads else None
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.model.eval()
+        self.tokenizer = tokenizer
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(int(seed))
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
+        self.pad_token_id = int(pad)
+        self.eos_token_ids = self._eos_ids()
+        # The fast tokenizer's Rust backend decodes without transformers' per-call Python overhead (stop-string
+        # checks decode every live row at every step).
+        backend = getattr(tokenizer, "_tokenizer", None)
+        self._decode_tail = (
+            (lambda ids: backend.decode(ids, skip_special_tokens=False)) if hasattr(backend, "decode")
+            else (lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
+        )
+        self.calls = 0  # generate() calls so far (metrics, tests)
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (self.tokenizer.eos_token_id, getattr(getattr(self.model, "generation_config", None),
+                                                            "eos_token_id", None)):
+            if source is None:
+                continue
+            ids.update(int(i) for i in (source if isinstance(source, (list, tuple, set)) else [source]))
+        return ids
+
+    # ------------------------------------------------------------------------------------------------- weights
+    def update_weights(self, state_dict: dict[str, Any]) -> None:
+        """Load new weights in memory (strict: every key must match). Tied ``lm_head.weight`` may be omitted."""
+        sd = dict(state_dict)
+        own = self.model.state_dict()
+        tied = getattr(getattr(self.model, "config", None), "tie_word_embeddings", False)
+        if tied and "lm_head.weight" in own and "lm_head.weight" not in sd:
+            emb = next((k for k in sd if k.endswith("embed_tokens.weight")), None)
+            if emb is not None:
+                sd["lm_head.weight"] = sd[emb]
+        with torch.no_grad():
+            self.model.load_state_dict(sd, strict=True)
+        self.model.eval()
+
+    # ---------------------------------------------------------------------------------------------- generation
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None) -> list[Generation]:
+        """One :class:`Generation` per prompt, in order, from ONE batched decoding loop (see the module doc)."""
+        if self.num_threads is None or self.device.type != "cpu":
+            return self._generate(prompts, params)
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.num_threads)
+        try:
+            return self._generate(prompts, params)
+        finally:
+            torch.set_num_threads(before)
+
+    @torch.inference_mode()
+    def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None) -> list[Generation]:
+        from transformers import DynamicCache
+
+        params = params or SamplingParams()
+        self.calls += 1
+        B = len(prompts)
+        if B == 0:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("HFEngine.generate got an empty prompt; every prompt needs at least one token")
+        max_new = int(params.max_new_tokens)
+        greedy = bool(params.greedy) or params.temperature is None or params.temperature <= 0
+        temperature = float(params.temperature) if params.temperature and params.temperature > 0 else 1.0
+        stops = [s for s in (params.stop or []) if s]
+        # A stop string of b bytes lies within its last b tokens plus one partial token at each end.
+        stop_window = max((len(s.encode("utf-8")) for s in stops), default=0) + 2
+
+        out_ids: list[list[int]] = [[] for _ in range(B)]
+        out_lp: list[list[float]] = [[] for _ in range(B)]
+        reasons: list[str] = ["length"] * B
+        if max_new <= 0:
+            return [Generation([], [], "", "length") for _ in range(B)]
+
+        dev = self.device
+        L = max(len(p) for p in prompts)
+        input_ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((B, L), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, L - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+            attn[i, L - len(p):] = 1
+        input_ids, attn = input_ids.to(dev), attn.to(dev)
+        position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
+
+        rows = list(range(B))  # batch row -> output index, for the live rows
+        cache = DynamicCache()
+        step_input, step_pos = input_ids, position_ids
+        for step in range(max_new):
+            out = self.model(
+                input_ids=step_input,
+                attention_mask=attn,
+                position_ids=step_pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = out.past_key_values
+            logits = out.logits[:, -1, :].float()
+            z = logits / temperature
+            logp = torch.log_softmax(z, dim=-1)
+            if greedy:
+                tokens = logits.argmax(dim=-1)
+            else:
+                # Gumbel-max: argmax(z' + Gumbel noise) is an exact sample of softmax(z'), and cheaper than
+                # torch.multinomial on a CPU.
+                zf = filter_logits(z, int(params.top_k or 0), float(params.top_p))
+                u = torch.rand(zf.shape, generator=self.generator, device=zf.device).clamp_(min=1e-20)
+                tokens = (zf - torch.log(-torch.log(u))).argmax(dim=-1)
+            token_lp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+            tok_list = tokens.tolist()
+            lp_list = token_lp.tolist()
+            keep: list[int] = []
+            for r, (i, t, lp) in enumerate(zip(rows, tok_list, lp_list)):
+                out_ids[i].append(t)
+                out_lp[i].append(lp)
+                if t in self.eos_token_ids:
+                    reasons[i] = "stop"
+                    continue
+                if stops:
+                    tail = self._decode_tail(out_ids[i][-stop_window:])
+                    if any(s in tail for s in stops):
+                        reasons[i] = "stop"
+                        continue
+                keep.append(r)
+            if not keep or step == max_new - 1:
+                break
+
+            next_tokens = tokens.unsqueeze(-1)
+            last_pos = step_pos[:, -1:]
+            if len(keep) < len(rows):
+                # Finished rows leave the batch, their KV-cache rows with them.
+                idx = torch.as_tensor(keep, dtype=torch.long, device=dev)
+                cache.batch_select_indices(idx)
+                attn = attn.index_select(0, idx)
+                next_tokens = next_tokens.index_select(0, idx)
+                last_pos = last_pos.index_select(0, idx)
+                rows = [rows[r] for r in keep]
+            attn = torch.cat([attn, torch.ones((attn.shape[0], 1), dtype=attn.dtype, device=dev)], dim=1)
+            step_input = next_tokens
+            step_pos = last_pos + 1
+
+        gens = []
+        for i in range(B):
+            text = self.tokenizer.decode(out_ids[i], skip_special_tokens=True)
+            gens.append(Generation(token_ids=out_ids[i], logprobs=out_lp[i], text=text, finish_reason=reasons[i]))
+        return gens

@@ -1,0 +1,259 @@
+"""Models and tokenizers: any Hugging Face causal LM by local path, or the embedded tiny default.
+
+The embedded default needs no download: :func:`build_tokenizer` trains a byte-level BPE on texts the caller
+supplies (env oracle episodes, system prompts, ...) with the ``tokenizers`` library and wraps it as a
+``PreTrainedTokenizerFast`` that speaks Qwen's ChatML; :func:`build_tiny_model` builds a randomly initialised
+Qwen2 causal LM sized by config. :func:`load_model_and_tokenizer` picks one of the two from ``cfg.model``.
+
+ChatML as rendered by :data:`CHATML_TEMPLATE` (Qwen2/2.5 without the default system message)::
+
+    <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{user}<|im_end|>\\n<|im_start|>assistant\\n
+
+EOS is ``<|im_end|>`` (the end of an assistant turn: generation stops there), pad is ``<|endoftext|>``, padding
+is on the left (the side generation needs; passed to the constructor so that ``save_pretrained`` keeps it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ENDOFTEXT",
+    "IM_START",
+    "IM_END",
+    "SPECIAL_TOKENS",
+    "CHATML_TEMPLATE",
+    "build_tokenizer",
+    "build_tiny_model",
+    "load_model_and_tokenizer",
+    "apply_lora",
+]
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
+"""Ids 0, 1, 2 of every tokenizer :func:`build_tokenizer` trains (special tokens come first)."""
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""Qwen-style ChatML (system / user / assistant), with ``add_generation_prompt`` support."""
+
+# Texts always added to the tokenizer corpus, so the chat scaffolding ("system", "user", "assistant", newlines)
+# gets merged tokens even when the caller's corpus is small.
+_SCAFFOLD = ["system\n", "user\n", "assistant\n", "\n", "You are a helpful assistant."]
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 512, out_dir: str | Path | None = None):
+    """Train a byte-level BPE on ``texts`` and return it as a ``PreTrainedTokenizerFast``.
+
+    Every byte is in the initial alphabet, so any text (any language, any bytes) round-trips through
+    encode/decode; ``vocab_size`` (>= 259: 256 bytes + 3 special tokens) bounds the merges learnt on top.
+    Deterministic: the same texts give the same vocabulary and merges. ``out_dir``: also ``save_pretrained`` there.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = [str(t) for t in texts] + _SCAFFOLD * 4  # repeated: min_frequency=2 must not drop the scaffolding
+    min_size = 256 + len(SPECIAL_TOKENS)
+    if vocab_size < min_size:
+        raise ValueError(f"vocab_size={vocab_size} is too small for a byte-level BPE; use at least {min_size}")
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # Sorted input: the learnt merges then cannot depend on the order the caller's texts came in.
+    tok.train_from_iterator(sorted(corpus), trainer=trainer)
+
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        unk_token=None,
+        padding_side="left",
+        chat_template=CHATML_TEMPLATE,
+        model_max_length=1 << 20,
+        clean_up_tokenization_spaces=False,
+    )
+    # Make sure <|im_start|> is a special token the fast tokenizer never splits.
+    hf_tok.add_special_tokens({"additional_special_tokens": [IM_START]})
+    if out_dir is not None:
+        hf_tok.save_pretrained(str(out_dir))
+    return hf_tok
+
+
+def build_tiny_model(
+    tokenizer,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 256,
+    max_position_embeddings: int = 1024,
+    seed: int = 0,
+    head_dim: int | None = None,
+    dtype: Any = "float32",
+):
+    """A randomly initialised ``Qwen2ForCausalLM`` sized for a CPU, its vocabulary matching ``tokenizer``.
+
+    Tied input/output embeddings; ``eos``/``pad``/``bos`` ids from the tokenizer (bos falls back to pad, as in
+    Qwen). ``head_dim`` defaults to ``hidden_size // num_heads``. Same ``seed`` -> same weights.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if hidden_size % num_heads and head_dim is None:
+        raise ValueError(f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}; set head_dim")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
+    pad_id = tokenizer.pad_token_id
+    bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else pad_id
+    kwargs: dict[str, Any] = {}
+    if head_dim is not None:
+        kwargs["head_dim"] = int(head_dim)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=bos_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_id,
+        use_cache=True,
+        rope_theta=10000.0,
+        **kwargs,
+    )
+    torch_dtype = _dtype(dtype)
+    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's global RNG
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model = model.to(torch_dtype)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = pad_id
+    model.generation_config.bos_token_id = bos_id
+    model.eval()
+    return model
+
+
+def _dtype(dtype: Any):
+    import torch
+
+    if dtype is None or dtype == "auto":
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).replace("torch.", "")
+    aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
+    name = aliases.get(name, name)
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown model dtype {dtype!r}; use float32, bfloat16 or float16")
+    return value
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    if cfg is None:
+        return default
+    if isinstance(cfg, Mapping):
+        return cfg.get(key, default)
+    try:
+        return cfg.get(key, default)  # DictConfig
+    except AttributeError:
+        return getattr(cfg, key, default)
+
+
+def load_model_and_tokenizer(
+    model_cfg: Any,
+    corpus: Iterable[str] | None = None,
+    save_dir: str | Path | None = None,
+):
+    """``(model, tokenizer)`` as ``cfg.model`` describes them.
+
+    - ``model_cfg.path`` set: ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained(path)`` from a local
+      folder (never the hub: ``local_files_only=True``); the tokenizer's padding side is forced to left.
+    - otherwise: the tiny default from ``model_cfg.tiny`` (``vocab_size``, ``hidden_size``, ``num_layers``,
+      ``num_heads``, ``num_kv_heads``, ``intermediate_size``, ``max_position_embeddings``, ``head_dim``, ``seed``),
+      its tokenizer trained on ``corpus``.
+
+    ``model_cfg.dtype`` (float32 / bfloat16 / float16) sets the weights' dtype. ``save_dir`` (or
+    ``model_cfg.save_dir``): ``save_pretrained`` both there, so other processes load the very same files with
+    ``path=save_dir``. LoRA is not applied here (see :func:`apply_lora`; the trainer decides where).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = _get(model_cfg, "path")
+    dtype = _dtype(_get(model_cfg, "dtype", "float32"))
+    if path:
+        p = Path(str(path)).expanduser()
+        if not p.exists():
+            raise FileNotFoundError(
+                f"model.path={str(path)!r} does not exist; give a local folder holding a Hugging Face model "
+                "(config.json, weights, tokenizer files), or set model.path=null for the embedded tiny model"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True, padding_side="left")
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=dtype)
+        model.eval()
+    else:
+        tiny = _get(model_cfg, "tiny") or {}
+        texts = list(corpus) if corpus is not None else []
+        tokenizer = build_tokenizer(texts, vocab_size=int(_get(tiny, "vocab_size", 512)))
+        model = build_tiny_model(
+            tokenizer,
+            hidden_size=int(_get(tiny, "hidden_size", 64)),
+            num_layers=int(_get(tiny, "num_layers", 2)),
+            num_heads=int(_get(tiny, "num_heads", 4)),
+            num_kv_heads=int(_get(tiny, "num_kv_heads", 2)),
+            intermediate_size=int(_get(tiny, "intermediate_size", 256)),
+            max_position_embeddings=int(_get(tiny, "max_position_embeddings", 1024)),
+            seed=int(_get(tiny, "seed", 0)),
+            head_dim=_get(tiny, "head_dim"),
+            dtype=dtype,
+        )
+    save_dir = save_dir or _get(model_cfg, "save_dir")
+    if save_dir:
+        Path(str(save_dir)).mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(save_dir))
+        tokenizer.save_pretrained(str(save_dir))
+    return model, tokenizer
+
+
+def apply_lora(model, lora_cfg: Any):
+    """Wrap ``model`` with PEFT LoRA when ``lora_cfg.enabled``; otherwise return it unchanged.
+
+    ``lora_cfg``: ``enabled``, ``r``, ``alpha``, ``dropout`` (0), ``target_modules`` (list of module names).
+    """
+    if not _get(lora_cfg, "enabled", False):
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    targets = _get(lora_cfg, "target_modules", ["q_proj", "v_proj"])
+    config = LoraConfig(
+        r=int(_get(lora_cfg, "r", 8)),
+        lora_alpha=int(_get(lora_cfg, "alpha", 16)),
+        lora_dropout=float(_get(lora_cfg, "dropout", 0.0)),
+        target_modules=list(targets),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)

@@ -1,0 +1,344 @@
+"""``openmanus-rl rollout``: collect trajectories for a set of tasks and write them for reading.
+
+    openmanus-rl rollout env=key_door template=react reward=default allocator=last_token \\
+        rollout.num_tasks=32 rollout.n=4 rollout.temperature=0.7 model.path=/path/to/model
+
+Everything concrete comes from the registries, chosen by the config: the env (``env.name`` + ``env.kwargs``), the
+template (``template.name`` + ``template.kwargs``), the reward components (``reward.components``), the allocator
+(``allocator.name`` + ``allocator.kwargs``) and the engine (``rollout.engine`` + ``rollout.engine_kwargs``).
+
+Tasks: the rows of ``rollout.tasks_file`` (parquet, or JSON lines), else ``data.val_files`` when set, else
+``rollout.num_tasks`` task ids from ``rollout.task_offset`` (seed = ``seed`` + task id). Each task is run
+``rollout.n`` times, ``rollout.batch_size`` episodes per agent-loop run.
+
+Writes into ``rollout.output_dir`` (default ``outputs/rollout-<date>-<time>``):
+
+- ``trajectories.jsonl``: one JSON object per episode (task, group, termination, reward and its breakdown, the
+  turns with response, parsed action, observation, env reward, info, token span);
+- ``trajectories.html``: a single self-contained page (no scripts, no external files) to browse them;
+- ``metrics.json``: the rollout and reward metrics.
+
+Prints success rate, mean reward, mean turns and throughput.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["rollout", "load_task_rows", "episode_record", "write_jsonl", "write_html"]
+
+
+def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        try:
+            node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
+        except Exception:  # an unresolvable interpolation reads as missing
+            return default
+    return default if node is None else node
+
+
+def _container(value: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return value
+
+
+# ------------------------------------------------------------------------------------------------- tasks
+def load_task_rows(cfg: Any) -> list[dict[str, Any]]:
+    """The tasks this rollout runs (see the module docstring for the order of sources)."""
+    path = _get(cfg, "rollout.tasks_file") or _get(cfg, "data.val_files")
+    if path:
+        paths = _container(path)
+        paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+        rows: list[dict[str, Any]] = []
+        for p in paths:
+            p = Path(str(p)).expanduser()
+            if not p.exists():
+                raise FileNotFoundError(f"task file {str(p)!r} does not exist; fix rollout.tasks_file / data.val_files")
+            if p.suffix in (".jsonl", ".json"):
+                with open(p, encoding="utf-8") as f:
+                    rows.extend(json.loads(line) for line in f if line.strip())
+            else:
+                from openmanus_rl_core.data import load_tasks
+
+                rows.extend(load_tasks(str(p)))
+        limit = _get(cfg, "rollout.num_tasks")
+        if limit and _get(cfg, "rollout.tasks_file") is None and _get(cfg, "data.val_files"):
+            rows = rows[: int(limit)]
+        return rows
+    n = int(_get(cfg, "rollout.num_tasks", 16))
+    offset = int(_get(cfg, "rollout.task_offset", 0))
+    seed = int(_get(cfg, "seed", 0))
+    return [{"task_id": offset + i, "seed": seed + offset + i} for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------- records
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    try:
+        return _jsonable(value.tolist())  # numpy / torch values
+    except AttributeError:
+        return repr(value)
+
+
+def episode_record(episode: Any, breakdown: Any | None = None, index: int = 0) -> dict[str, Any]:
+    """A JSON-ready dict for one episode (what a line of ``trajectories.jsonl`` holds)."""
+    t = episode.trajectory
+    turns = []
+    for k, tr in enumerate(t.turns):
+        turns.append({
+            "turn": k,
+            "response": tr.response,
+            "action": {"kind": tr.action.kind, "content": tr.action.content, "valid": tr.action.valid,
+                       "thought": tr.action.thought},
+            "observation": tr.observation,
+            "env_reward": tr.reward,
+            "reward": (breakdown.turn_rewards[k] if breakdown is not None and k < len(breakdown.turn_rewards)
+                       else None),
+            "done": tr.done,
+            "info": tr.info,
+            "span": list(tr.span),
+        })
+    rec = {
+        "index": index,
+        "task_id": t.task_id,
+        "seed": t.seed,
+        "group_id": t.group_id,
+        "uid": episode.uid,
+        "success": t.success,
+        "termination": t.termination,
+        "error": t.error,
+        "num_turns": t.num_turns,
+        "env_reward": t.env_reward,
+        "reward": breakdown.total if breakdown is not None else t.env_reward,
+        "reward_parts": dict(breakdown.parts) if breakdown is not None else {},
+        "reward_errors": dict(getattr(breakdown, "errors", {}) or {}) if breakdown is not None else {},
+        "truncated": episode.truncated,
+        "prompt_tokens": len(episode.prompt_ids),
+        "response_tokens": len(episode.response_ids),
+        "agent_tokens": int(sum(episode.response_mask)),
+        "initial_observation": t.initial_observation,
+        "turns": turns,
+        "task": t.task,
+        "info": t.info,
+    }
+    return _jsonable(rec)
+
+
+def write_jsonl(path: str | Path, records: Sequence[Mapping[str, Any]]) -> Path:
+    path = Path(path)
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return path
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}
+details{border:1px solid #ddd;border-radius:6px;margin:.4em 0;padding:.3em .6em}
+summary{cursor:pointer}.ok{color:#070}.bad{color:#a00}.muted{color:#777}
+pre{white-space:pre-wrap;word-break:break-word;background:#f6f6f6;padding:.4em;margin:.2em 0;border-radius:4px}
+.turn{border-left:3px solid #89b;padding-left:.6em;margin:.6em 0}.obs{background:#eef5ee}.resp{background:#f3f0fa}
+"""
+
+
+def _e(value: Any) -> str:
+    """Escape anything for HTML text and attribute context."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.3f}" if isinstance(x, float) else _e(x)
+
+
+def write_html(path: str | Path, records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None = None,
+               title: str = "openmanus-rl rollout") -> Path:
+    """One self-contained HTML page (inline CSS, no scripts): a summary table, then one collapsible block per
+    episode with its turns (reply, parsed action, observation, rewards) and reward breakdown. All text escaped."""
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title>",
+             f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>"]
+    if summary:
+        parts.append("<table>")
+        for k, v in summary.items():
+            parts.append(f"<tr><th>{_e(k)}</th><td>{_fmt(v)}</td></tr>")
+        parts.append("</table>")
+    parts.append("<table><tr><th>#</th><th>task</th><th>group</th><th>success</th><th>termination</th>"
+                 "<th>turns</th><th>reward</th></tr>")
+    for r in records:
+        cls = "ok" if r.get("success") else "bad"
+        parts.append(
+            f"<tr><td><a href='#ep{_e(r.get('index'))}'>{_e(r.get('index'))}</a></td><td>{_e(r.get('task_id'))}</td>"
+            f"<td class='muted'>{_e(str(r.get('group_id'))[:8])}</td><td class='{cls}'>{_e(r.get('success', '-') if r.get('success') is not None else '-')}</td>"
+            f"<td>{_e(r.get('termination'))}</td><td>{_e(r.get('num_turns'))}</td><td>{_fmt(r.get('reward'))}</td></tr>")
+    parts.append("</table>")
+    for r in records:
+        cls = "ok" if r.get("success") else "bad"
+        parts.append(
+            f"<details id='ep{_e(r.get('index'))}'><summary>episode {_e(r.get('index'))} &middot; task "
+            f"{_e(r.get('task_id'))} &middot; <span class='{cls}'>{_e(r.get('termination'))}</span> &middot; "
+            f"{_e(r.get('num_turns'))} turns &middot; reward {_fmt(r.get('reward'))}</summary>")
+        if r.get("error"):
+            parts.append(f"<p class='bad'>error: {_e(r.get('error'))}</p>")
+        breakdown = r.get("reward_parts") or {}
+        if breakdown:
+            parts.append("<table><tr><th>reward component</th><th>weighted value</th></tr>")
+            for k, v in breakdown.items():
+                parts.append(f"<tr><td>{_e(k)}</td><td>{_fmt(v)}</td></tr>")
+            parts.append(f"<tr><th>total</th><th>{_fmt(r.get('reward'))}</th></tr></table>")
+        for k, v in (r.get("reward_errors") or {}).items():
+            parts.append(f"<p class='bad'>reward {_e(k)} failed: {_e(v)}</p>")
+        parts.append(f"<p class='muted'>tokens: prompt {_e(r.get('prompt_tokens'))}, response "
+                     f"{_e(r.get('response_tokens'))} (agent {_e(r.get('agent_tokens'))}); truncated "
+                     f"{_e(r.get('truncated'))}</p>")
+        parts.append(f"<div>first observation:<pre class='obs'>{_e(r.get('initial_observation'))}</pre></div>")
+        for t in r.get("turns", []):
+            a = t.get("action", {})
+            valid = "ok" if a.get("valid") else "bad"
+            parts.append(
+                f"<div class='turn'><b>turn {_e(t.get('turn'))}</b> <span class='muted'>tokens {_e(t.get('span'))}"
+                f"</span><pre class='resp'>{_e(t.get('response'))}</pre>"
+                f"action <span class='{valid}'>[{_e(a.get('kind'))}]</span> <code>{_e(a.get('content'))}</code>"
+                f"<pre class='obs'>{_e(t.get('observation'))}</pre>"
+                f"env reward {_fmt(t.get('env_reward'))} &middot; turn reward {_fmt(t.get('reward'))}"
+                f" &middot; done {_e(t.get('done'))}"
+                + (f" &middot; <span class='muted'>info {_e(json.dumps(t.get('info'), ensure_ascii=False))}</span>"
+                   if t.get("info") else "")
+                + "</div>")
+        parts.append("</details>")
+    parts.append("</body></html>")
+    path = Path(path)
+    path.write_text("".join(parts), encoding="utf-8")
+    return path
+
+
+# -------------------------------------------------------------------------------------------------- job
+def _build(kind: str, node: Any, what: str):
+    from openmanus_rl_core.registry import registry
+
+    name = _get(node, "name")
+    if not name:
+        raise ValueError(f"{what}.name is not set; choose one with `{what}=<option>` "
+                         f"(`openmanus-rl plugins {kind}` lists them)")
+    kwargs = dict(_container(_get(node, "kwargs", {}) or {}))
+    return registry(kind).build(str(name), **kwargs)
+
+
+def rollout(cfg: Any) -> int:
+    """Run ``openmanus-rl rollout`` with the composed config; returns the exit status (0)."""
+    import torch
+
+    from openmanus_rl_core.models import load_model_and_tokenizer
+    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.rewards import RewardComposer
+    from openmanus_rl_core.rollout import (AgentLoop, RolloutConfig, build_batch, expand_tasks, rollout_metrics,
+                                           tokenizer_corpus)
+
+    seed = int(_get(cfg, "seed", 0))
+    torch.manual_seed(seed)
+    rcfg_node = _get(cfg, "rollout", {}) or {}
+    rcfg = RolloutConfig.from_cfg(rcfg_node)
+    if _get(cfg, "env") is None:
+        raise ValueError("no env selected; run e.g. `openmanus-rl rollout env=key_door`")
+    env_node = _get(cfg, "env")
+    env_name, env_kwargs = str(_get(env_node, "name")), dict(_container(_get(env_node, "kwargs", {}) or {}))
+    env_cls = registry("env").get(env_name)  # resolved once: each registry lookup reads package metadata
+
+    def env_factory():
+        try:
+            return env_cls(**env_kwargs)
+        except TypeError as exc:
+            raise TypeError(f"cannot build env {env_name!r} with arguments {sorted(env_kwargs)}: {exc}") from exc
+
+    template = _build("template", _get(cfg, "template"), "template") if _get(cfg, "template") else None
+    if template is None:
+        raise ValueError("no template selected; run e.g. `openmanus-rl rollout template=react`")
+    components = _container(_get(cfg, "reward.components"))
+    composer = RewardComposer.from_config(components) if components else None
+    allocator_node = _get(cfg, "allocator")
+    allocator = _build("allocator", allocator_node, "allocator") if allocator_node else \
+        registry("allocator").build("last_token")
+
+    tasks = load_task_rows(cfg)
+    if not tasks:
+        raise ValueError("no tasks to run: set rollout.num_tasks > 0 or point rollout.tasks_file at a task file")
+    model_cfg = _get(cfg, "model", {}) or {}
+    corpus = None
+    if not _get(model_cfg, "path"):
+        # The embedded tiny model: its tokenizer learns from what the agent will read and write.
+        corpus = tokenizer_corpus(env_factory, template, tasks[: min(len(tasks), 64)], max_turns=rcfg.max_turns)
+    model, tokenizer = load_model_and_tokenizer(model_cfg, corpus=corpus)
+    engine_kwargs = dict(_container(_get(rcfg_node, "engine_kwargs", {}) or {}))
+    engine_kwargs.setdefault("device", str(_get(rcfg_node, "device", "cpu")))
+    engine_kwargs.setdefault("seed", seed)
+    engine = registry("engine").build(str(_get(rcfg_node, "engine", "hf")), model=model, tokenizer=tokenizer,
+                                      **engine_kwargs)
+    loop = AgentLoop(engine, tokenizer, template, env_factory, rcfg)
+
+    expanded = expand_tasks(tasks, rcfg.n)
+    per_run = max(1, int(_get(rcfg_node, "batch_size", 64)))
+    per_run = max(rcfg.n, per_run - per_run % rcfg.n)  # keep the samples of one task in one run
+    episodes = []
+    t0 = time.perf_counter()
+    for i in range(0, len(expanded), per_run):
+        episodes.extend(loop.run(expanded[i: i + per_run]))
+    elapsed = time.perf_counter() - t0
+
+    if composer is not None:
+        breakdowns, reward_metrics = composer.compose_batch([e.trajectory for e in episodes])
+    else:
+        breakdowns, reward_metrics = None, {}
+    batch = build_batch(episodes, breakdowns, allocator, tokenizer.pad_token_id, keep_env_errors=rcfg.keep_env_errors)
+    metrics = rollout_metrics(episodes, elapsed_s=elapsed)
+    metrics.update(reward_metrics)
+    rewards = [float(r) for r in batch["reward"]]
+    metrics["rollout/reward/mean"] = sum(rewards) / len(rewards)
+
+    out_dir = _get(rcfg_node, "output_dir")
+    out_dir = Path(str(out_dir)) if out_dir else Path("outputs") / time.strftime("rollout-%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = [episode_record(e, breakdowns[i] if breakdowns is not None else None, i) for i, e in enumerate(episodes)]
+    write_jsonl(out_dir / "trajectories.jsonl", records)
+    summary = {
+        "env": env_name, "template": str(_get(cfg, "template.name")), "episodes": len(episodes),
+        "success rate": metrics["rollout/success_rate"], "mean reward": metrics["rollout/reward/mean"],
+        "mean turns": metrics["rollout/turns/mean"], "turns/s": metrics.get("rollout/turns_per_s", 0.0),
+        "episodes/s": metrics.get("rollout/episodes_per_s", 0.0),
+        **{k.split("/", 1)[1]: int(v) for k, v in metrics.items() if k.startswith("rollout/termination/") and v},
+    }
+    write_html(out_dir / "trajectories.html", records, summary, title=f"openmanus-rl rollout: {env_name}")
+    (out_dir / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=2), encoding="utf-8")
+
+    print(f"episodes: {len(episodes)} ({len(tasks)} tasks x n={rcfg.n}) in {elapsed:.2f}s")
+    print(f"success rate: {metrics['rollout/success_rate']:.3f}")
+    print(f"mean reward: {metrics['rollout/reward/mean']:.4f}")
+    print(f"mean turns: {metrics['rollout/turns/mean']:.2f}")
+    print(f"throughput: {metrics.get('rollout/turns_per_s', 0.0):.1f} turns/s, "
+          f"{metrics.get('rollout/episodes_per_s', 0.0):.2f} episodes/s, "
+          f"{metrics.get('rollout/tokens_per_s', 0.0):.0f} generated tokens/s")
+    terms = ", ".join(f"{k.rsplit('/', 1)[1]}={int(v)}" for k, v in metrics.items()
+                      if k.startswith("rollout/termination/") and v)
+    print(f"terminations: {terms}")
+    print(f"wrote {out_dir / 'trajectories.jsonl'} and {out_dir / 'trajectories.html'}")
+    return 0
