@@ -1,0 +1,343 @@
+"""Run directory, metrics (``metrics.jsonl`` + TensorBoard), the reward plot, progress bar and timers.
+
+``metrics.jsonl`` holds one JSON object per logged step: ``{"step": 12, "train/reward_mean": 0.5,
+...}``. Every value is a float; NaN and +-inf are written as ``null`` (JSON has no NaN). Nested
+dicts are flattened with ``/`` (``{"timing": {"gen": 1.0}}`` -> ``"timing/gen"``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+__all__ = [
+    "MetricsLogger",
+    "read_metrics",
+    "plot_rewards",
+    "ProgressBar",
+    "Timer",
+    "reduce_metrics",
+    "flatten_metrics",
+    "make_run_dir",
+]
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+PLOT_FILE = "rewards.png"
+
+
+def _to_float(value: Any, key: str) -> float | None:
+    """A metric value as a float, or None for NaN/inf. Tensors and numpy scalars must hold one number."""
+    if hasattr(value, "item") and callable(value.item):  # torch tensor, numpy scalar/array of one element
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError) as exc:
+            raise TypeError(f"metric {key!r}: {exc}; log a single number (reduce it first, e.g. .mean())") from None
+    if isinstance(value, (bool, int, float)):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if value is None:
+        return None
+    raise TypeError(f"metric {key!r} = {value!r} ({type(value).__name__}) is not a number; metrics are floats")
+
+
+def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a/b": 1}``."""
+    out: dict[str, Any] = {}
+    for k, v in metrics.items():
+        key = f"{prefix}/{k}" if prefix else str(k)
+        if isinstance(v, Mapping):
+            out.update(flatten_metrics(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+class MetricsLogger:
+    """Appends one line per step to ``<run_dir>/metrics.jsonl``; mirrors scalars to TensorBoard.
+
+    ``resume_step``: on a resumed run, lines with ``step > resume_step`` (logged after the
+    checkpoint the run resumes from) are dropped first, so the file never holds a step twice.
+    A line cut short by a kill is dropped as well.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, resume_step: int | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / METRICS_FILE
+        self._repair(resume_step)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # imported here: it takes a second to load
+
+            self._writer = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR))
+
+    def _repair(self, resume_step: int | None) -> None:
+        if not self.path.exists():
+            return
+        raw = self.path.read_text(encoding="utf-8")
+        lines = raw.splitlines()
+        keep = []
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a killed run
+            if resume_step is None or rec.get("step", -1) <= resume_step:
+                keep.append(line)
+        if len(keep) != len(lines) or (raw and not raw.endswith("\n")):
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+            os.replace(tmp, self.path)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float | None]:
+        """Write ``metrics`` for ``step``; returns the record as written (without ``step``)."""
+        flat = flatten_metrics(metrics)
+        record = {k: _to_float(v, k) for k, v in flat.items() if k != "step"}
+        self._file.write(json.dumps({"step": int(step), **record}, allow_nan=False) + "\n")
+        self._file.flush()  # a kill -9 loses nothing already logged
+        if self._writer is not None:
+            for k, v in record.items():
+                if v is not None:
+                    self._writer.add_scalar(k, v, global_step=int(step))
+        return record
+
+    def flush(self) -> None:
+        self._file.flush()
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """The records of ``<run_dir>/metrics.jsonl`` (or of that file itself), skipping torn lines."""
+    path = Path(run_dir)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    records = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def plot_rewards(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """PNG of ``train/reward_mean`` (line) and ``val/reward_mean``, ``val/success_rate`` (markers) by step.
+
+    Drawn with matplotlib's Agg canvas (no display, no pyplot global state). Written to
+    ``<run_dir>/rewards.png`` unless ``out`` is given; returns the path.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    fig = Figure(figsize=(7, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    series = [("train/reward_mean", "train reward", "-", None),
+              ("val/reward_mean", "val reward", "-", "o"),
+              ("val/success_rate", "val success rate", "--", "s")]
+    drawn = 0
+    for key, label, style, marker in series:
+        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, linestyle=style, marker=marker, markersize=4, label=label)
+            drawn += 1
+    if drawn:
+        ax.legend(loc="best")
+    else:
+        ax.text(0.5, 0.5, "no reward metrics logged yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward / success rate")
+    ax.set_title(run_dir.name)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path = Path(out) if out is not None else run_dir / PLOT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+class ProgressBar:
+    """A tqdm bar over training steps whose postfix shows the latest reward and success rate.
+
+    ``update(step, metrics)`` moves the bar to ``step`` and shows ``reward_key`` and
+    ``success_key`` (plus the val numbers when the metrics carry them).
+    """
+
+    def __init__(self, total: int, initial: int = 0, desc: str = "train", reward_key: str = "train/reward_mean",
+                 success_key: str = "train/success_rate", file=None, disable: bool | None = False):
+        from tqdm.auto import tqdm
+
+        self.reward_key, self.success_key = reward_key, success_key
+        self._file = file or sys.stderr
+        self.bar = tqdm(total=int(total), initial=int(initial), desc=desc, file=self._file,
+                        dynamic_ncols=True, disable=disable, unit="step")
+        self._step = int(initial)
+        self._val: dict[str, float] = {}
+
+    def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
+        metrics = flatten_metrics(metrics or {})
+        for k in ("val/reward_mean", "val/success_rate"):
+            if metrics.get(k) is not None:
+                self._val[k] = float(metrics[k])
+        parts = {"step": str(int(step))}
+        for label, key in (("reward", self.reward_key), ("success", self.success_key)):
+            v = metrics.get(key)
+            if v is not None:
+                parts[label] = f"{float(v):.3f}"
+        if "val/reward_mean" in self._val:
+            parts["val_reward"] = f"{self._val['val/reward_mean']:.3f}"
+        if "val/success_rate" in self._val:
+            parts["val_success"] = f"{self._val['val/success_rate']:.3f}"
+        self.bar.set_postfix(parts, refresh=False)
+        self.bar.update(max(0, int(step) - self._step))
+        self._step = max(self._step, int(step))
+
+    def write(self, message: str) -> None:
+        """Print a line without breaking the bar."""
+        self.bar.write(message, file=self._file)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self) -> "ProgressBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Timer:
+    """Wall-clock time per phase, reported as ``timing/<phase>`` seconds.
+
+    ::
+
+        timer = Timer()
+        with timer("rollout"):
+            ...
+        with timer("update"):
+            ...
+        metrics.update(timer.metrics())   # {"timing/rollout": 1.2, "timing/update": 0.8}
+        timer.reset()
+
+    A phase entered several times accumulates. ``Timer(into=metrics_dict)`` also writes each
+    phase's running total into that dict as it ends. On GPU, pass ``cuda_sync=True`` so queued
+    kernels are counted in the phase that launched them.
+    """
+
+    def __init__(self, into: dict | None = None, cuda_sync: bool = False):
+        self.timings: dict[str, float] = defaultdict(float)
+        self.into = into
+        self.cuda_sync = cuda_sync
+
+    def _sync(self) -> None:
+        if self.cuda_sync:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.timings[phase] += time.perf_counter() - start
+            if self.into is not None:
+                self.into[f"timing/{phase}"] = self.timings[phase]
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing/{k}": v for k, v in self.timings.items()}
+
+    def reset(self) -> None:
+        self.timings.clear()
+
+
+def reduce_metrics(items: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Per key, the mean over the dicts that have it (None and NaN values ignored; all-missing -> NaN).
+
+    ``[{"a": 1, "b": 2}, {"a": 3}] -> {"a": 2.0, "b": 2.0}``. Tensors/numpy scalars are read with ``.item()``.
+    """
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for item in items:
+        for k, v in flatten_metrics(item).items():
+            f = _to_float(v, k)
+            sums.setdefault(k, 0.0)
+            counts.setdefault(k, 0)
+            if f is not None:
+                sums[k] += f
+                counts[k] += 1
+    return {k: (sums[k] / counts[k] if counts[k] else float("nan")) for k in sums}
+
+
+def _cfg_get(cfg: Any, dotted: str, default: Any = None) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        try:
+            node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
+        except Exception:  # a missing key in a struct-mode config
+            return default
+    return default if node is None else node
+
+
+def make_run_dir(cfg: Any, now: _dt.datetime | None = None, announce: bool = True) -> Path:
+    """Create and return the run directory, and print it.
+
+    ``cfg.trainer.run_dir`` when set (resuming reuses it), else
+    ``<cfg.trainer.output_dir or "outputs">/<YYYY-MM-DD>/<HH-MM-SS>-<env name>`` (with ``-1``,
+    ``-2``... appended if two runs start in the same second).
+    """
+    explicit = _cfg_get(cfg, "trainer.run_dir")
+    if explicit:
+        path = Path(str(explicit)).expanduser()
+    else:
+        now = now or _dt.datetime.now()
+        env = str(_cfg_get(cfg, "env.name", "run")).replace("/", "_").replace(":", "_")
+        base = Path(str(_cfg_get(cfg, "trainer.output_dir", "outputs"))).expanduser()
+        stem = base / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S')}-{env}"
+        path, i = stem, 0
+        while True:  # mkdir without exist_ok: two runs starting in the same second get distinct folders
+            try:
+                path.mkdir(parents=True)
+                break
+            except FileExistsError:
+                i += 1
+                path = stem.with_name(f"{stem.name}-{i}")
+    path.mkdir(parents=True, exist_ok=True)
+    path = path.resolve()
+    if announce:
+        print(f"run directory: {path}", flush=True)
+    return path

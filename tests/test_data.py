@@ -1,0 +1,295 @@
+"""Task files, the sampler, `data make` and `ensure_task_files` (hand-computed expectations)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from omegaconf import OmegaConf
+
+from openmanus_rl_core import data
+from openmanus_rl_core.data import DataError, TaskSampler, load_tasks, write_tasks
+
+
+def _write(path, columns: dict) -> str:
+    pq.write_table(pa.table(columns), path)
+    return str(path)
+
+
+# ------------------------------------------------------------------------------------------ loading
+def test_load_documented_columns(tmp_path):
+    p = _write(tmp_path / "t.parquet", {
+        "env": ["word_copy", "word_copy"], "task_id": pa.array([3, 4], pa.int64()), "seed": pa.array([10, 11], pa.int64()),
+        "split": ["train", "train"], "prompt": ["say a", None], "ground_truth": ["a", "b"],
+        "data_source": ["unit", "unit"], "extra": ['{"k": 1}', None],
+    })
+    tasks = load_tasks(p)
+    assert tasks == [
+        {"env": "word_copy", "task_id": 3, "seed": 10, "split": "train", "prompt": "say a", "ground_truth": "a",
+         "data_source": "unit", "extra": {"k": 1}},
+        {"env": "word_copy", "task_id": 4, "seed": 11, "split": "train", "prompt": None, "ground_truth": "b",
+         "data_source": "unit", "extra": {}},
+    ]
+
+
+def test_load_fills_absent_optional_columns_and_passes_unknown_ones(tmp_path):
+    p = _write(tmp_path / "t.parquet", {"task_id": pa.array([1], pa.int32()), "seed": [2], "difficulty": [0.5]})
+    (task,) = load_tasks(p)
+    assert task == {"env": None, "task_id": 1, "seed": 2, "split": None, "prompt": None, "ground_truth": None,
+                    "data_source": None, "extra": {}, "difficulty": 0.5}
+    assert type(task["task_id"]) is int
+
+
+def test_missing_column_names_file_column_and_type(tmp_path):
+    p = _write(tmp_path / "nosed.parquet", {"task_id": [0, 1]})
+    with pytest.raises(DataError) as e:
+        load_tasks(p)
+    msg = str(e.value)
+    assert "nosed.parquet" in msg and "'seed'" in msg and "int64" in msg and "missing" in msg
+
+
+def test_mistyped_column_names_file_column_and_types(tmp_path):
+    p = _write(tmp_path / "strid.parquet", {"task_id": ["0", "1"], "seed": [0, 1]})
+    with pytest.raises(DataError) as e:
+        load_tasks(p)
+    msg = str(e.value)
+    assert "strid.parquet" in msg and "'task_id'" in msg and "string" in msg and "expected int64" in msg
+
+
+def test_null_task_id_names_the_row(tmp_path):
+    p = _write(tmp_path / "nul.parquet", {"task_id": pa.array([0, 1, None, 3], pa.int64()), "seed": [0, 0, 0, 0]})
+    with pytest.raises(DataError, match=r"nul\.parquet: column 'task_id' row 2: null value, expected int64"):
+        load_tasks(p)
+
+
+def test_non_integer_task_id_names_the_row(tmp_path):
+    # pandas writes an int column with gaps as float: whole numbers pass, 1.5 in row 1 does not
+    p = _write(tmp_path / "flt.parquet", {"task_id": [0.0, 1.5, 2.0], "seed": [0, 0, 0]})
+    with pytest.raises(DataError, match=r"flt\.parquet: column 'task_id' row 1: 1\.5 is not an integer"):
+        load_tasks(p)
+    ok = _write(tmp_path / "whole.parquet", {"task_id": [0.0, 7.0], "seed": [1, 2]})
+    assert [t["task_id"] for t in load_tasks(ok)] == [0, 7]
+
+
+def test_bad_extra_json_names_the_row(tmp_path):
+    p = _write(tmp_path / "x.parquet", {"task_id": [0, 1], "seed": [0, 0], "extra": ['{"a": 1}', "{not json"]})
+    with pytest.raises(DataError, match=r"x\.parquet: column 'extra' row 1: not valid JSON"):
+        load_tasks(p)
+
+
+def test_mistyped_optional_string_column(tmp_path):
+    p = _write(tmp_path / "e.parquet", {"task_id": [0], "seed": [0], "env": [5]})
+    with pytest.raises(DataError, match=r"e\.parquet: column 'env' has type int64, expected string"):
+        load_tasks(p)
+
+
+def test_missing_file_and_garbage_file(tmp_path):
+    with pytest.raises(DataError, match="no such task file"):
+        load_tasks(tmp_path / "absent.parquet")
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("not parquet")
+    with pytest.raises(DataError, match=r"bad\.parquet: not a readable parquet file"):
+        load_tasks(bad)
+
+
+def test_verl_reward_model_struct_layout(tmp_path):
+    p = _write(tmp_path / "verl.parquet", {
+        "data_source": ["gsm8k", "gsm8k"],
+        "prompt": [[{"role": "user", "content": "1+1?"}], [{"role": "user", "content": "2+2?"}]],
+        "reward_model": [{"style": "rule", "ground_truth": "2"}, {"style": "rule", "ground_truth": "4"}],
+        "extra_info": [{"index": 0, "split": "train"}, {"index": 1, "split": "train"}],
+    })
+    tasks = load_tasks(p, required=("ground_truth",))
+    assert [t["ground_truth"] for t in tasks] == ["2", "4"]
+    assert tasks[1]["prompt"] == [{"role": "user", "content": "2+2?"}]
+    assert tasks[0]["extra"] == {"index": 0, "split": "train"}
+    assert tasks[0]["task_id"] is None and tasks[0]["data_source"] == "gsm8k"
+    with pytest.raises(DataError, match="missing column 'task_id'"):
+        load_tasks(p)  # the default still needs task_id and seed
+    # a null reward_model.ground_truth reads as None (the dataset env reports it with its own message)
+    q = _write(tmp_path / "gap.parquet", {"reward_model": [{"ground_truth": "1"}, {"ground_truth": None}]})
+    assert [t["ground_truth"] for t in load_tasks(q, required=("ground_truth",))] == ["1", None]
+
+
+def test_write_then_load_round_trip_and_atomic(tmp_path):
+    tasks = [{"env": "e", "task_id": 5, "seed": 9, "split": "val", "extra": {"x": [1, 2]}},
+             {"env": "e", "task_id": 6, "seed": 10, "split": "val", "extra": {}}]
+    path = write_tasks(tmp_path / "sub" / "val.parquet", tasks)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["val.parquet"]  # no temp file left behind
+    schema = pq.read_schema(path)
+    assert schema.field("task_id").type == pa.int64() and schema.field("extra").type == pa.string()
+    back = load_tasks(path)
+    assert [(t["task_id"], t["seed"], t["extra"]) for t in back] == [(5, 9, {"x": [1, 2]}), (6, 10, {})]
+    with pytest.raises(DataError, match=r"column 'task_id' as int64: task 1 has 'seven'"):
+        write_tasks(tmp_path / "bad.parquet", [{"task_id": 1, "seed": 0}, {"task_id": "seven", "seed": 0}])
+    assert not (tmp_path / "bad.parquet").exists()
+
+
+def test_load_several_files_in_order(tmp_path):
+    a = write_tasks(tmp_path / "a.parquet", [{"task_id": 1, "seed": 0}])
+    b = write_tasks(tmp_path / "b.parquet", [{"task_id": 2, "seed": 0}, {"task_id": 3, "seed": 0}])
+    assert [t["task_id"] for t in load_tasks([a, b])] == [1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------------ sampler
+def _tasks(n):
+    return [{"task_id": i, "seed": 0} for i in range(n)]
+
+
+def _ids(batch):
+    return [t["task_id"] for t in batch]
+
+
+def test_sampler_without_shuffle_wraps_across_epochs():
+    s = TaskSampler(_tasks(5), batch_size=2, seed=0, shuffle=False)
+    assert [_ids(s.next_batch()) for _ in range(4)] == [[0, 1], [2, 3], [4, 0], [1, 2]]
+    assert (s.epoch, s.position) == (1, 3)
+    assert len(s) == 3
+    big = TaskSampler(_tasks(3), batch_size=7, shuffle=False)
+    assert _ids(big.next_batch()) == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_sampler_shuffle_is_the_documented_permutation():
+    s = TaskSampler(_tasks(6), batch_size=3, seed=7)
+    e0 = np.random.default_rng([7, 0]).permutation(6).tolist()
+    e1 = np.random.default_rng([7, 1]).permutation(6).tolist()
+    got = [_ids(s.next_batch()) for _ in range(4)]
+    assert got == [e0[:3], e0[3:], e1[:3], e1[3:]]
+    assert e0 != e1  # the order changes between epochs
+    assert sorted(e0) == list(range(6))
+
+
+def test_sampler_resume_gives_the_same_next_batches():
+    ref = TaskSampler(_tasks(7), batch_size=3, seed=11)
+    for _ in range(5):  # 15 tasks drawn: epoch 2, position 1
+        ref.next_batch()
+    state = ref.state_dict()
+    assert state == {"epoch": 2, "position": 1, "seed": 11, "shuffle": True, "num_tasks": 7}
+    expected = [_ids(ref.next_batch()) for _ in range(6)]
+
+    resumed = TaskSampler(_tasks(7), batch_size=3, seed=11)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert [_ids(resumed.next_batch()) for _ in range(6)] == expected
+
+    with pytest.raises(DataError, match="saved with 7 tasks but this run has 8"):
+        TaskSampler(_tasks(8), batch_size=3, seed=11).load_state_dict(state)
+    with pytest.raises(DataError, match="seed=11"):
+        TaskSampler(_tasks(7), batch_size=3, seed=12).load_state_dict(state)
+
+
+def test_sampler_batches_are_copies():
+    tasks = _tasks(2)
+    s = TaskSampler(tasks, batch_size=1, shuffle=False)
+    s.next_batch()[0]["task_id"] = 99
+    assert tasks[0]["task_id"] == 0
+
+
+def test_sampler_rejects_empty_and_bad_batch_size():
+    with pytest.raises(DataError, match="no tasks"):
+        TaskSampler([], batch_size=1)
+    with pytest.raises(DataError, match="batch_size=0"):
+        TaskSampler(_tasks(1), batch_size=0)
+
+
+# ------------------------------------------------------------------------------------ generation
+def _seed(split_code, i, data_seed=0):
+    return int(np.random.SeedSequence([data_seed, split_code, i]).generate_state(1)[0]) & 0x7FFFFFFF
+
+
+def test_generate_disjoint_ids_when_the_env_has_enough_tasks():
+    train, val = data.generate_tasks("e", 3, 2, seed=0, num_tasks=10)
+    assert [t["task_id"] for t in train] == [0, 1, 2] and [t["task_id"] for t in val] == [3, 4]
+    assert [t["seed"] for t in train] == [_seed(0, 0), _seed(0, 1), _seed(0, 2)]
+    assert [t["seed"] for t in val] == [_seed(1, 0), _seed(1, 1)]
+    assert {t["split"] for t in train} == {"train"} and {t["env"] for t in val} == {"e"}
+
+
+def test_generate_wraps_ids_and_separates_by_seed_when_the_env_is_small():
+    train, val = data.generate_tasks("e", 5, 3, seed=1, num_tasks=4)
+    assert [t["task_id"] for t in train] == [0, 1, 2, 3, 0] and [t["task_id"] for t in val] == [0, 1, 2]
+    assert not {(t["task_id"], t["seed"]) for t in train} & {(t["task_id"], t["seed"]) for t in val}
+
+
+def _cfg(tmp_path, **env):
+    return OmegaConf.create({
+        "seed": 0,
+        "env": {"name": "unit_env", "num_tasks": 100, **env},
+        "data": {**OmegaConf.to_container(OmegaConf.load(data_config_path())), "dir": str(tmp_path / "made")},
+    })
+
+
+def data_config_path():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parents[1] / "configs" / "data" / "default.yaml"
+
+
+def test_make_writes_both_splits_and_prints_paths(tmp_path, capsys):
+    cfg = _cfg(tmp_path, train_tasks=4, val_tasks=2)
+    assert data.make(cfg) == 0
+    out = capsys.readouterr().out
+    train = load_tasks(tmp_path / "made" / "train.parquet")
+    val = load_tasks(tmp_path / "made" / "val.parquet")
+    assert [t["task_id"] for t in train] == [0, 1, 2, 3] and [t["task_id"] for t in val] == [4, 5]
+    assert str(tmp_path / "made" / "train.parquet") in out and "(4 tasks)" in out and "(2 tasks)" in out
+
+
+def test_make_falls_back_to_data_defaults(tmp_path):
+    cfg = _cfg(tmp_path)
+    cfg.data.train_tasks, cfg.data.val_tasks = 6, 3
+    data.make(cfg)
+    assert len(load_tasks(tmp_path / "made" / "train.parquet")) == 6
+    assert len(load_tasks(tmp_path / "made" / "val.parquet")) == 3
+
+
+def test_data_config_defaults_resolve(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", "/home/u")
+    monkeypatch.delenv("OPENMANUS_RL_DATA", raising=False)
+    cfg = OmegaConf.create({"seed": 4, "env": {"name": "word_copy"}, "data": OmegaConf.load(data_config_path())})
+    assert cfg.data.dir == "/home/u/.cache/openmanus_rl/data/word_copy"
+    assert cfg.data.seed == 4 and cfg.data.train_files is None and cfg.data.shuffle is True
+    monkeypatch.setenv("OPENMANUS_RL_DATA", "/data")
+    assert cfg.data.dir == "/data/word_copy"
+
+
+def test_ensure_task_files_generates_only_what_is_missing(tmp_path):
+    cfg = _cfg(tmp_path, train_tasks=3, val_tasks=1)
+    train, val = data.ensure_task_files(cfg, tmp_path / "run" / "data")
+    assert train == str(tmp_path / "run" / "data" / "train.parquet") and len(load_tasks(train)) == 3
+    assert val == str(tmp_path / "run" / "data" / "val.parquet") and len(load_tasks(val)) == 1
+
+    mine = write_tasks(tmp_path / "mine.parquet", [{"task_id": 42, "seed": 0}])
+    cfg.data.val_files = str(mine)
+    train2, val2 = data.ensure_task_files(cfg, tmp_path / "run2")
+    assert val2 == str(mine) and not (tmp_path / "run2" / "val.parquet").exists()
+    assert (tmp_path / "run2" / "train.parquet").exists()
+
+    cfg.data.train_files = [str(tmp_path / "nope.parquet")]
+    with pytest.raises(DataError, match=r"data.train_files: .*nope\.parquet: no such file"):
+        data.ensure_task_files(cfg, tmp_path / "run3")
+
+
+def test_make_uses_the_env_num_tasks_from_the_registry(tmp_path, monkeypatch):
+    class Small:
+        def __init__(self, size=2):
+            self.num_tasks = size
+
+        def close(self):
+            pass
+
+    class FakeRegistry:
+        def get(self, name):
+            assert name == "unit_env"
+            return Small
+
+    import openmanus_rl_core.registry as reg
+
+    monkeypatch.setattr(reg, "registry", lambda kind: FakeRegistry())
+    cfg = _cfg(tmp_path, train_tasks=3, val_tasks=2, kwargs={"size": 3})
+    del cfg.env["num_tasks"]
+    data.make(cfg)
+    assert [t["task_id"] for t in load_tasks(tmp_path / "made" / "train.parquet")] == [0, 1, 2]
+    assert [t["task_id"] for t in load_tasks(tmp_path / "made" / "val.parquet")] == [0, 1]  # 3 + 2 > 3: wrapped

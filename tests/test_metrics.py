@@ -1,0 +1,128 @@
+"""metrics.jsonl, TensorBoard, the reward plot, progress bar, timers, reduction and the run directory."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from openmanus_rl_core.metrics import (MetricsLogger, ProgressBar, Timer, make_run_dir, plot_rewards, read_metrics,
+                                       reduce_metrics)
+
+
+def test_metrics_jsonl_content(tmp_path):
+    with MetricsLogger(tmp_path, tensorboard=False) as logger:
+        logger.log(1, {"train/reward_mean": 0.5, "train/turns": 2, "kl": torch.tensor(0.25),
+                       "entropy": np.float32(1.5), "loss": float("nan"), "grad": float("inf"), "ok": True})
+        logger.log(2, {"train": {"reward_mean": 0.75}, "timing": {"gen": 3}})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert lines[0] == ('{"step": 1, "train/reward_mean": 0.5, "train/turns": 2.0, "kl": 0.25, "entropy": 1.5, '
+                        '"loss": null, "grad": null, "ok": 1.0}')
+    assert json.loads(lines[1]) == {"step": 2, "train/reward_mean": 0.75, "timing/gen": 3.0}
+
+
+def test_non_numeric_metric_is_refused_by_name(tmp_path):
+    with MetricsLogger(tmp_path, tensorboard=False) as logger:
+        with pytest.raises(TypeError, match=r"metric 'env' = 'word_copy' \(str\) is not a number"):
+            logger.log(1, {"env": "word_copy"})
+        with pytest.raises(TypeError, match="metric 'v'"):
+            logger.log(1, {"v": torch.ones(3)})
+
+
+def test_tensorboard_event_file_holds_the_scalars(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(1, {"train/reward_mean": 0.5, "loss": float("nan")})
+        logger.log(2, {"train/reward_mean": 0.75})
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert acc.Tags()["scalars"] == ["train/reward_mean"]  # NaN is not sent to TensorBoard
+    assert [(e.step, e.value) for e in acc.Scalars("train/reward_mean")] == [(1, 0.5), (2, 0.75)]
+
+
+def test_resume_drops_steps_after_the_checkpoint_and_torn_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a": 3.0}\n{"step": 4, "a"')
+    with MetricsLogger(tmp_path, tensorboard=False, resume_step=2) as logger:
+        logger.log(3, {"a": 30.0})
+    assert [(r["step"], r["a"]) for r in read_metrics(tmp_path)] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    # without resume_step only the torn line goes, and appending starts on a fresh line
+    path.write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a"')
+    with MetricsLogger(tmp_path, tensorboard=False) as logger:
+        logger.log(2, {"a": 2.0})
+    assert path.read_text() == '{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n'
+
+
+def test_plot_rewards_writes_a_png(tmp_path):
+    with MetricsLogger(tmp_path, tensorboard=False) as logger:
+        for step in range(1, 6):
+            m = {"train/reward_mean": step / 5}
+            if step % 2 == 1:
+                m.update({"val/reward_mean": step / 6, "val/success_rate": step / 7})
+            logger.log(step, m)
+    png = plot_rewards(tmp_path)
+    assert png == tmp_path / "rewards.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert plot_rewards(empty).read_bytes()[:4] == b"\x89PNG"  # no metrics yet: still a (labelled) picture
+
+
+def test_progress_bar_shows_step_reward_and_success():
+    buf = io.StringIO()
+    with ProgressBar(total=10, file=buf, disable=False) as bar:
+        bar.update(1, {"train/reward_mean": 0.25, "train/success_rate": 0.5})
+        bar.update(2, {"train/reward_mean": 0.5, "train/success_rate": 0.75, "val/reward_mean": 0.125})
+        bar.write("a message")
+    text = buf.getvalue()
+    assert "2/10" in text and "step=2" in text and "reward=0.500" in text and "success=0.750" in text
+    assert "val_reward=0.125" in text and "a message" in text
+
+
+def test_timer_accumulates_phases():
+    into = {}
+    timer = Timer(into=into)
+    with timer("gen"):
+        time.sleep(0.02)
+    with timer("gen"):
+        time.sleep(0.02)
+    with timer("update"):
+        pass
+    m = timer.metrics()
+    assert set(m) == {"timing/gen", "timing/update"} and into == m
+    assert 0.04 <= m["timing/gen"] < 0.5 and m["timing/update"] < 0.01
+    with pytest.raises(ValueError):
+        with timer("boom"):
+            raise ValueError
+    assert "timing/boom" in timer.metrics()  # a failing phase is still timed
+    timer.reset()
+    assert timer.metrics() == {}
+
+
+def test_reduce_metrics_means():
+    out = reduce_metrics([{"a": 1, "b": 2.0, "c": None}, {"a": 3, "d": float("nan")}, {"a": torch.tensor(5.0)}])
+    assert out["a"] == 3.0 and out["b"] == 2.0
+    assert math.isnan(out["c"]) and math.isnan(out["d"])
+    assert reduce_metrics([]) == {}
+
+
+def test_make_run_dir(tmp_path, capsys):
+    cfg = OmegaConf.create({"env": {"name": "word_copy"}, "trainer": {"run_dir": None, "output_dir": str(tmp_path)}})
+    now = dt.datetime(2024, 5, 6, 7, 8, 9)
+    a = make_run_dir(cfg, now=now)
+    b = make_run_dir(cfg, now=now)
+    assert a == tmp_path / "2024-05-06" / "07-08-09-word_copy" and a.is_dir()
+    assert b == tmp_path / "2024-05-06" / "07-08-09-word_copy-1"
+    assert f"run directory: {a}" in capsys.readouterr().out
+    cfg.trainer.run_dir = str(tmp_path / "mine")
+    assert make_run_dir(cfg) == tmp_path / "mine" and make_run_dir(cfg) == tmp_path / "mine"  # resume reuses it
