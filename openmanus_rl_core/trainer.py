@@ -1,0 +1,733 @@
+"""The trainer: ``openmanus-rl train`` (the fit loop) and ``openmanus-rl eval``.
+
+One training step (the driver process orchestrates; the heavy work runs in Ray worker groups)::
+
+    tasks (parquet, TaskSampler) --expand n--> shards, one per actor rank
+      -> rollout on every rank (its own HFEngine and envs)                        timing/rollout
+      -> hooks: process_trajectories                                               (driver)
+      -> reward composer (weighted components) -> allocator -> token_level_scores  timing/reward
+      -> old / reference log-probs (actor FSDP forward), values (critic)          timing/old_log_prob, timing/values
+      -> KL: reward penalty (token_level_rewards = scores - beta * kl) or a loss term
+      -> advantages (estimator by name: grpo, gae, gigpo, ...)                     timing/adv
+      -> critic update (PPO), actor update (mini-batches x ppo_epochs, grad clip)  timing/update_critic, update_actor
+      -> new weights gathered and pushed into every rank's rollout engine          timing/sync_weights
+      -> metrics (metrics.jsonl, TensorBoard, progress bar), validation, checkpoint
+
+The embedded default (``openmanus-rl train`` with no overrides) builds a tiny Qwen2-style model and a tokenizer
+trained on the env's oracle episodes, validates it untrained (step 0), runs a short supervised warm-up on oracle
+demonstrations (``warmup/*`` metrics), then trains with GRPO.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["train", "evaluate", "Trainer"]
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        node = node.get(part) if isinstance(node, Mapping) else getattr(node, part, None)
+    return default if node is None else node
+
+
+def _plain(cfg: Any) -> dict:
+    """The composed Hydra config as plain containers, interpolations resolved (workers get this)."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(cfg):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return dict(cfg)
+
+
+def _seed_all(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+def _split(items: Sequence[Any], n: int) -> list[list[Any]]:
+    """``n`` consecutive parts whose sizes differ by at most one (order kept: part r goes to rank r)."""
+    base, extra = divmod(len(items), n)
+    out, start = [], 0
+    for r in range(n):
+        stop = start + base + (1 if r < extra else 0)
+        out.append(list(items[start:stop]))
+        start = stop
+    return out
+
+
+def _shard_batch(batch, n: int):
+    """Equal shards for ``n`` ranks (FSDP needs every rank to run the same number of forward passes).
+
+    Rows added to make the size divisible are copies whose ``response_mask`` is zeroed (they train nothing).
+    Returns ``(shards, pad)``.
+    """
+    import torch
+
+    padded, pad = batch.pad_to_divisor(n)
+    if pad:
+        mask = padded["response_mask"].clone()
+        mask[-pad:] = 0
+        padded["response_mask"] = mask
+    return padded.chunk(n), pad
+
+
+def _cat_rows(parts: Sequence[Any], pad: int):
+    import torch
+
+    out = torch.cat(list(parts), dim=0)
+    return out[: out.shape[0] - pad] if pad else out
+
+
+def _mean(xs: Sequence[float]) -> float:
+    xs = [float(x) for x in xs]
+    return float(sum(xs) / len(xs)) if xs else float("nan")
+
+
+class _Log:
+    """Console lines that do not break the progress bar."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def __call__(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------- Trainer
+class Trainer:
+    """The driver of one run: builds everything from the config, then :meth:`fit`."""
+
+    def __init__(self, cfg: Any):
+        try:  # transformers' progress bars (saving the tiny model) would clutter the console
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
+        except Exception:
+            pass
+        self.cfg_node = cfg
+        self.cfg = _plain(cfg)
+        self.log = _Log()
+        self.ray_started = False
+        self.actor = None
+        self.critic = None
+        self.metrics_logger = None
+        self.bar = None
+
+    # ------------------------------------------------------------------------------------------- set-up
+    def setup(self) -> None:
+        import torch
+
+        from openmanus_rl_core.checkpoint import latest_checkpoint, resolve_checkpoint
+        from openmanus_rl_core.data import TaskSampler, ensure_task_files, load_tasks
+        from openmanus_rl_core.metrics import make_run_dir
+        from openmanus_rl_core.plugins import make_plugin_manager
+        from openmanus_rl_core.registry import registry
+        from openmanus_rl_core.rewards import RewardComposer
+
+        cfg = self.cfg
+        self.t_start = time.perf_counter()
+        self.seed = int(_get(cfg, "seed", 0))
+        _seed_all(self.seed)
+        torch.set_num_threads(max(1, int(_get(cfg, "trainer.driver_threads", 0) or os.cpu_count() or 1)))
+        self.total_steps = int(_get(cfg, "trainer.total_steps", 1))
+        self.run_dir = make_run_dir(self.cfg_node)
+        # Resume: the newest complete checkpoint of this run directory (auto) or a given checkpoint path.
+        resume = _get(cfg, "trainer.resume")
+        self.resume_path = None
+        if resume in ("auto", True, "true"):
+            self.resume_path = latest_checkpoint(self.run_dir)
+            if self.resume_path is None:
+                self.log(f"trainer.resume=auto: no complete checkpoint in {self.run_dir}; starting fresh")
+        elif resume not in (None, False, "false", "never", ""):
+            self.resume_path = resolve_checkpoint(str(resume))
+        (self.run_dir / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
+        self.pm = make_plugin_manager()
+
+        # Task files: configured, or generated into the run directory (deterministic, so a resumed run
+        # regenerates the very same files).
+        data_dir = self.run_dir / "data"
+        train_files, val_files = ensure_task_files(self.cfg_node, data_dir)
+        self.train_tasks = load_tasks(train_files)
+        self.val_tasks = load_tasks(val_files)
+        vmax = _get(cfg, "trainer.val_max_tasks")
+        if vmax:
+            self.val_tasks = self.val_tasks[: int(vmax)]
+        self.sampler = TaskSampler(self.train_tasks, int(_get(cfg, "data.train_batch_size", 8)),
+                                   seed=int(_get(cfg, "data.seed", self.seed)),
+                                   shuffle=bool(_get(cfg, "data.shuffle", True)))
+
+        # Components used on the driver.
+        self.template = registry("template").build(cfg["template"]["name"], **(cfg["template"].get("kwargs") or {}))
+        env_name, env_kwargs = cfg["env"]["name"], dict(cfg["env"].get("kwargs") or {})
+        env_cls = registry("env").get(env_name)  # resolved once: a lookup reads package metadata
+        self.env_factory = lambda: env_cls(**env_kwargs)
+        self.composer = RewardComposer.from_config(_get(cfg, "reward.components", {}))
+        acfg = cfg["allocator"]
+        self.allocator = registry("allocator").build(acfg["name"], **(acfg.get("kwargs") or {}))
+        self.algo = dict(cfg["algorithm"])
+        self.n = int(_get(cfg, "rollout.n", 1) or 1)
+        self.estimator = registry("advantage").get(str(self.algo["adv_estimator"]))
+        self.use_critic = bool(self.algo.get("use_critic", False))
+        self.kl_ctrl = self._kl_controller()
+
+        # The model every worker loads: a local HF folder, or the embedded tiny model built now.
+        self.model_dir, self.tokenizer = self._prepare_model()
+        self.pad_token_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
+                                else self.tokenizer.eos_token_id)
+        self._start_workers()
+
+    def _kl_controller(self):
+        from openmanus_rl_core.algorithms import AdaptiveKLController, FixedKLController
+
+        k = self.algo.get("kl_ctrl", {}) or {}
+        if str(k.get("type", "fixed")) == "adaptive":
+            return AdaptiveKLController(float(k.get("kl_coef", 0.001)), float(k.get("target_kl", 0.1)),
+                                        int(k.get("horizon", 10000)))
+        return FixedKLController(float(k.get("kl_coef", 0.001)))
+
+    def _prepare_model(self):
+        from transformers import AutoTokenizer
+
+        from openmanus_rl_core.models import load_model_and_tokenizer
+        from openmanus_rl_core.warmup import build_corpus
+
+        cfg = self.cfg
+        path = _get(cfg, "model.path")
+        if path:
+            model_dir = Path(str(path)).expanduser()
+            if not model_dir.exists():
+                raise FileNotFoundError(f"model.path={path!r} does not exist; give a local Hugging Face model folder")
+        else:
+            model_dir = Path(str(_get(cfg, "model.save_dir") or self.run_dir / "model"))
+            # What the built model depends on; a folder built from something else is rebuilt.
+            recipe = json.dumps({"tiny": cfg["model"].get("tiny"), "dtype": cfg["model"].get("dtype"),
+                                 "env": cfg["env"], "template": cfg["template"],
+                                 "corpus_tasks": _get(cfg, "model.corpus_tasks"),
+                                 "train_tasks": [[t["task_id"], t["seed"]] for t in self.train_tasks]},
+                                sort_keys=True, default=str)
+            stamp = model_dir / "omrl_recipe.json"
+            if not (model_dir / "config.json").exists() or not stamp.exists() or stamp.read_text() != recipe:
+                t0 = time.perf_counter()
+                n_corpus = int(_get(cfg, "model.corpus_tasks", 0) or len(self.train_tasks))
+                corpus = build_corpus(self.env_factory, self.template, self.train_tasks[:n_corpus],
+                                      int(_get(cfg, "rollout.max_turns", 4)))
+                load_model_and_tokenizer(cfg["model"], corpus, save_dir=model_dir)
+                stamp.write_text(recipe)
+                self.log(f"built the tiny model and its tokenizer ({len(corpus)} corpus texts) in "
+                         f"{time.perf_counter() - t0:.1f}s: {model_dir}")
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, padding_side="left")
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return str(model_dir), tokenizer
+
+    def _start_workers(self) -> None:
+        import ray
+
+        from openmanus_rl_core.workers import ActorWorker, CriticWorker, WorkerGroup
+
+        cfg = self.cfg
+        address = _get(cfg, "trainer.ray_address")
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False,
+                                      "log_to_driver": bool(_get(cfg, "trainer.log_to_driver", True)),
+                                      "configure_logging": True, "logging_level": "warning"}
+            if address:
+                ray.init(address=str(address), **kwargs)
+            else:
+                num_cpus = _get(cfg, "trainer.num_cpus") or os.cpu_count() or 1
+                ray.init(num_cpus=int(num_cpus), **kwargs)
+            self.ray_started = True
+        W = int(_get(cfg, "trainer.num_workers", 2))
+        groups = 2 if self.use_critic else 1
+        cpus = _get(cfg, "trainer.worker_num_cpus")
+        if cpus is None:  # share what the cluster has among every worker (logical CPUs only schedule actors)
+            total = float(ray.cluster_resources().get("CPU", 1.0))
+            cpus = min(1.0, total / (W * groups))
+        gpus = _get(cfg, "trainer.worker_num_gpus")
+        if gpus is None:
+            have_gpu = float(ray.cluster_resources().get("GPU", 0.0)) > 0 and str(_get(cfg, "trainer.device", "auto")) != "cpu"
+            gpus = (1.0 / groups) if have_gpu else 0.0
+        t0 = time.perf_counter()
+        self.actor = WorkerGroup(ActorWorker, W, cfg, num_cpus=float(cpus), num_gpus=float(gpus), name="actor",
+                                 model_dir=self.model_dir, total_steps=self.total_steps)
+        if self.use_critic:
+            self.critic = WorkerGroup(CriticWorker, W, cfg, num_cpus=float(cpus), num_gpus=float(gpus),
+                                      name="critic", model_dir=self.model_dir, total_steps=self.total_steps)
+        info = self.actor.setup_info[0]
+        self.log(f"{W} actor worker(s){' + ' + str(W) + ' critic worker(s)' if self.critic else ''} ready on "
+                 f"{info['device']} in {time.perf_counter() - t0:.1f}s; policy parameters: {info['params']:,}")
+
+    # --------------------------------------------------------------------------------------- rollout
+    def _rollout(self, tasks: list[dict], overrides: Mapping[str, Any] | None = None, keep_rng: bool = False):
+        shards = _split(tasks, self.actor.size)
+        parts = self.actor.call_each("rollout", [(s,) for s in shards], overrides=overrides, keep_rng=keep_rng)
+        return [ep for part in parts for ep in part]
+
+    def validate(self, step: int, prefix: str = "val") -> dict[str, float]:
+        """Greedy (or low-temperature) episodes on every validation task: ``<prefix>/reward_mean``,
+        ``<prefix>/success_rate`` and the reward breakdown. The sampling RNG is left untouched."""
+        from openmanus_rl_core.rollout import expand_tasks, rollout_metrics
+
+        t0 = time.perf_counter()
+        tasks = [dict(t, group_id=f"val:{i}") for i, t in enumerate(self.val_tasks)]
+        tasks = expand_tasks(tasks, 1)
+        overrides = {"n": 1, "greedy": bool(_get(self.cfg, "trainer.val_greedy", True)),
+                     "temperature": float(_get(self.cfg, "trainer.val_temperature", 1.0))}
+        episodes = self._rollout(tasks, overrides, keep_rng=True)
+        trajs = [e.trajectory for e in episodes]
+        breakdowns, rmetrics = self.composer.compose_batch(trajs)
+        out = {
+            f"{prefix}/reward_mean": _mean([b.total for b in breakdowns]),
+            f"{prefix}/success_rate": _mean([bool(t.success) for t in trajs]),
+            f"{prefix}/num_turns": _mean([t.num_turns for t in trajs]),
+            f"{prefix}/response_length": _mean([sum(e.response_mask) for e in episodes]),
+        }
+        out.update({f"{prefix}/{k}": v for k, v in rmetrics.items() if k.endswith("/mean")})
+        ro = rollout_metrics(episodes)
+        for k in ("rollout/termination/done", "rollout/termination/max_turns", "rollout/termination/truncated",
+                  "rollout/termination/invalid", "rollout/termination/env_error"):
+            if k in ro:
+                out[f"{prefix}/{k.split('/', 1)[1]}"] = ro[k]
+        out[f"timing/{prefix}"] = time.perf_counter() - t0
+        if _get(self.cfg, "trainer.val_samples_to_log", 0):
+            k = int(_get(self.cfg, "trainer.val_samples_to_log", 0))
+            for e in episodes[:k]:
+                self.log(f"  [{prefix} sample] task {e.trajectory.task_id}: "
+                         + " | ".join(repr(t.response) for t in e.trajectory.turns))
+        return out
+
+    # ------------------------------------------------------------------------------------------ warm-up
+    def warmup(self) -> dict[str, float]:
+        from openmanus_rl_core.warmup import build_demonstrations, run_warmup
+
+        wcfg = self.cfg.get("warmup", {}) or {}
+        steps = int(wcfg.get("steps", 0) or 0)
+        if not wcfg.get("enabled", True) or steps <= 0:
+            return {}
+        t0 = time.perf_counter()
+        n_demo = int(wcfg.get("num_demos", 0) or len(self.train_tasks))
+        # Demonstrations come from the training tasks only (never the validation tasks).
+        demo_tasks = self.train_tasks[:n_demo]
+        demos = build_demonstrations(self.env_factory, self.template, self.tokenizer, demo_tasks,
+                                     int(_get(self.cfg, "rollout.max_turns", 4)))
+
+        def step_fn(shards, lr):
+            return self.actor.call_each("sft_update", [(s, lr, float(wcfg.get("grad_clip", 1.0)))
+                                                       for s in shards])
+
+        metrics = run_warmup(step_fn, demos, self.pad_token_id, self.actor.size, steps,
+                             int(wcfg.get("batch_size", 16)), float(wcfg.get("lr", 1e-3)), self.seed,
+                             float(wcfg.get("warmup_ratio", 0.1)), log=self.log,
+                             lr_schedule=str(wcfg.get("lr_schedule", "constant")))
+        self.actor.call("end_warmup")
+        with self._timed() as t:
+            self.actor.call("sync_rollout_weights")
+        metrics["warmup/seconds"] = time.perf_counter() - t0
+        return metrics
+
+    class _timed:
+        def __enter__(self):
+            self.t0 = time.perf_counter()
+            return self
+
+        def __exit__(self, *exc):
+            self.seconds = time.perf_counter() - self.t0
+
+    # -------------------------------------------------------------------------------------- one step
+    def train_step(self, step: int) -> dict[str, float]:
+        import torch
+
+        from openmanus_rl_core.algorithms import apply_kl_penalty, masked_mean
+        from openmanus_rl_core.metrics import Timer
+        from openmanus_rl_core.rollout import build_batch, expand_tasks, rollout_metrics
+
+        algo = self.algo
+        timer = Timer()
+        metrics: dict[str, float] = {}
+        W = self.actor.size
+        with timer("step"):
+            tasks = self.sampler.next_batch()
+            # Deterministic group ids (expand_tasks would draw random ones): same run, same groups.
+            tasks = [dict(t, group_id=f"{step}:{i}") for i, t in enumerate(tasks)]
+            expanded = expand_tasks(tasks, self.n)
+            with timer("rollout"):
+                episodes = self._rollout(expanded)
+            trajectories = [e.trajectory for e in episodes]
+            self.pm.hook.openmanus_rl_process_trajectories(trajectories=trajectories, step=step)
+            with timer("reward"):
+                breakdowns, reward_metrics = self.composer.compose_batch(trajectories)
+                batch = build_batch(episodes, breakdowns, self.allocator, self.pad_token_id,
+                                    bool(_get(self.cfg, "rollout.keep_env_errors", False)))
+            ro_metrics = rollout_metrics(episodes, elapsed_s=timer.timings["rollout"])
+            self.pm.hook.openmanus_rl_rollout_end(trajectories=trajectories,
+                                                  metrics={**reward_metrics, **ro_metrics}, step=step)
+            totals = [b.total for b in breakdowns]
+            metrics["train/reward_mean"] = _mean(totals)
+            metrics["train/reward_std"] = float(np.std(totals)) if totals else float("nan")
+            metrics["train/success_rate"] = _mean([bool(t.success) for t in trajectories])
+            metrics["train/num_turns"] = _mean([t.num_turns for t in trajectories])
+            metrics["train/response_length"] = _mean([sum(e.response_mask) for e in episodes])
+            metrics.update({f"train/{k}": v for k, v in reward_metrics.items()})
+            metrics.update(ro_metrics)
+
+            keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
+            shards, pad = _shard_batch(batch, W)
+            lean = [s.select(keys) for s in shards]
+            # Old log-probs: recomputed when the update is off-policy within the step (several mini-batches or
+            # epochs) or when a KL penalty needs them; otherwise the update uses the detached current ones.
+            epochs = int(_get(self.cfg, "actor.ppo_epochs", 1) or 1)
+            mini = _get(self.cfg, "actor.ppo_mini_batch_size")
+            multi = epochs > 1 or (mini is not None and int(mini) < len(batch))
+            recompute = str(algo.get("recompute_old_log_probs", "auto"))
+            use_kl_reward = bool(algo.get("use_kl_in_reward", False))
+            use_kl_loss = bool(algo.get("use_kl_loss", False))
+            need_old = (recompute == "true") or (recompute == "auto" and multi) or use_kl_reward
+            if recompute == "rollout":  # the engine's sampling log-probs as the behaviour policy
+                batch["old_log_probs"] = batch["rollout_log_probs"]
+            elif need_old or use_kl_reward or use_kl_loss:
+                with timer("old_log_prob"):
+                    outs = self.actor.call_each("compute_log_probs", [(s,) for s in lean],
+                                                micro_batch_size=_get(self.cfg, "actor.log_prob_micro_batch_size"),
+                                                with_ref=use_kl_reward or use_kl_loss, with_old=need_old)
+                if need_old:
+                    batch["old_log_probs"] = _cat_rows([o["old_log_probs"] for o in outs], pad)
+                if use_kl_reward or use_kl_loss:
+                    batch["ref_log_probs"] = _cat_rows([o["ref_log_probs"] for o in outs], pad)
+            if "old_log_probs" in batch:
+                diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs()
+                metrics["actor/rollout_logprob_diff"] = float(masked_mean(diff, batch["response_mask"].bool()))
+
+            # Critic values.
+            if self.critic is not None:
+                with timer("values"):
+                    vals = self.critic.call_each("compute_values", [(s,) for s in lean])
+                batch["values"] = _cat_rows(vals, pad)
+
+            # KL as a reward penalty, or the plain scores.
+            if use_kl_reward:
+                rewards, mean_kl = apply_kl_penalty(batch["token_level_scores"], batch["old_log_probs"],
+                                                    batch["ref_log_probs"], batch["response_mask"],
+                                                    self.kl_ctrl.value, str(algo.get("kl_penalty", "k1")))
+                batch["token_level_rewards"] = rewards
+                metrics["actor/reward_kl"] = mean_kl
+                metrics["actor/kl_coef"] = float(self.kl_ctrl.value)
+                self.kl_ctrl.update(mean_kl, len(batch))
+            else:
+                batch["token_level_rewards"] = batch["token_level_scores"]
+
+            with timer("adv"):
+                adv_cfg = {k: v for k, v in algo.items() if not isinstance(v, Mapping)}
+                advantages, returns = self.estimator(batch, **adv_cfg)
+            batch["advantages"] = advantages.float()
+            batch["returns"] = returns.float()
+            m = batch["response_mask"].bool()
+            if m.any():
+                metrics["train/advantages_mean"] = float(advantages[m].mean())
+                metrics["train/advantages_abs_mean"] = float(advantages[m].abs().mean())
+
+            shards, pad = _shard_batch(batch, W)
+            if self.critic is not None:
+                with timer("update_critic"):
+                    ckeys = keys + ["values", "returns"]
+                    cms = self.critic.call_each("update", [(s.select(ckeys), step, algo) for s in shards])
+                metrics.update(_avg(cms))
+            critic_warmup = int(_get(self.cfg, "critic.warmup_steps", 0) or 0)
+            if step > critic_warmup:
+                with timer("update_actor"):
+                    akeys = keys + ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
+                    algo_call = dict(algo)
+                    algo_call["debug_nan_step"] = _get(self.cfg, "trainer.debug_nan_step")
+                    ams = self.actor.call_each("update", [(s.select(akeys), step, algo_call) for s in shards])
+                am = _avg(ams)
+                metrics.update(am)
+                self.skipped_steps += int(max(a.get("actor/skipped_updates", 0.0) for a in ams))
+                with timer("sync_weights"):
+                    self.actor.call("sync_rollout_weights")
+            metrics["train/skipped_steps"] = float(self.skipped_steps)
+
+        # Throughput: every token the step processed (prompts + responses, no padding), and generated tokens.
+        step_s = timer.timings["step"]
+        tokens = float(batch["attention_mask"].sum())
+        gen_tokens = float(batch["response_mask"].sum())
+        metrics["perf/tokens_per_s"] = tokens / step_s if step_s > 0 else float("nan")
+        metrics["perf/gen_tokens_per_s"] = gen_tokens / max(timer.timings.get("rollout", 0.0), 1e-9)
+        metrics["perf/samples_per_s"] = len(batch) / step_s if step_s > 0 else float("nan")
+        metrics["perf/samples"] = float(len(batch))
+        metrics.update(timer.metrics())
+        return metrics
+
+    # ---------------------------------------------------------------------------------------- checkpoint
+    def save(self, step: int) -> Path:
+        from openmanus_rl_core.checkpoint import capture_rng_state, save_checkpoint
+
+        t0 = time.perf_counter()
+        actor_states = self.actor.call("get_state")
+        state: dict[str, Any] = {
+            "model": actor_states[0]["model"],
+            "optimizer": actor_states[0]["optimizer"],
+            "scheduler": actor_states[0]["scheduler"],
+            "rng": {"driver": capture_rng_state(), "actor": [s["rng"] for s in actor_states]},
+            "sampler": self.sampler.state_dict(),
+            "trainer": {"step": int(step), "skipped_steps": int(self.skipped_steps),
+                        "kl_coef": float(self.kl_ctrl.value), "total_steps": int(self.total_steps),
+                        "warmup_done": True},
+            "meta": {"model_dir": str(self.model_dir), "step": int(step), "config": self.cfg,
+                     "lora": bool(_get(self.cfg, "model.lora.enabled", False))},
+        }
+        if self.critic is not None:
+            critic_states = self.critic.call("get_state")
+            state["critic"] = {"model": critic_states[0]["model"], "optimizer": critic_states[0]["optimizer"],
+                               "scheduler": critic_states[0]["scheduler"]}
+            state["rng"]["critic"] = [s["rng"] for s in critic_states]
+        keep = _get(self.cfg, "trainer.max_checkpoints")
+        path = save_checkpoint(self.run_dir, step, state, keep_last=int(keep) if keep else None)
+        self.log(f"checkpoint: {path} ({time.perf_counter() - t0:.1f}s)")
+        return path
+
+    def restore(self, path: Path) -> int:
+        import ray
+
+        from openmanus_rl_core.checkpoint import load_checkpoint, restore_rng_state
+
+        state = load_checkpoint(path)
+        model_ref = ray.put(state["model"])
+        optim_ref = ray.put(state["optimizer"])
+        rngs = state["rng"]["actor"]
+        if len(rngs) != self.actor.size:
+            raise RuntimeError(f"{path} was saved by {len(rngs)} actor workers but this run has {self.actor.size}; "
+                               f"resume with trainer.num_workers={len(rngs)}")
+        self.actor.call_each("load_state", [(model_ref, optim_ref, state["scheduler"], rngs[r])
+                                            for r in range(self.actor.size)])
+        if self.critic is not None:
+            if "critic" not in state:
+                raise RuntimeError(f"{path} holds no critic state; it was saved by a run without a critic")
+            c = state["critic"]
+            cm, co = ray.put(c["model"]), ray.put(c["optimizer"])
+            crngs = state["rng"]["critic"]
+            self.critic.call_each("load_state", [(cm, co, c["scheduler"], crngs[r]) for r in range(self.critic.size)])
+        self.sampler.load_state_dict(state["sampler"])
+        t = state["trainer"]
+        self.skipped_steps = int(t.get("skipped_steps", 0))
+        self.kl_ctrl.value = float(t.get("kl_coef", self.kl_ctrl.value))
+        restore_rng_state(state["rng"]["driver"])
+        return int(t["step"])
+
+    # ------------------------------------------------------------------------------------------------ fit
+    def fit(self) -> dict[str, float]:
+        from openmanus_rl_core.metrics import MetricsLogger, ProgressBar, plot_rewards
+
+        cfg = self.cfg
+        self.skipped_steps = 0
+        start_step = 0
+        if self.resume_path is not None:
+            start_step = self.restore(self.resume_path)
+            self.log(f"resumed from {self.resume_path} (step {start_step})")
+        # A fresh start drops whatever an earlier, checkpoint-less attempt in this run directory logged.
+        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=bool(_get(cfg, "trainer.tensorboard", True)),
+                                            resume_step=start_step if self.resume_path is not None else -1)
+        self.pm.hook.openmanus_rl_run_start(cfg=self.cfg_node, run_dir=str(self.run_dir))
+        val_freq = int(_get(cfg, "trainer.val_freq", 0) or 0)
+        save_freq = int(_get(cfg, "trainer.save_freq", 0) or 0)
+        last: dict[str, float] = {}
+        last_val: dict[str, float] = {}
+        try:
+            if self.resume_path is None:
+                first: dict[str, float] = {}
+                if _get(cfg, "trainer.val_before_train", True):
+                    first.update(self.validate(0))
+                    self.log(f"step 0 (untrained): val reward {first['val/reward_mean']:.3f}, "
+                             f"success {first['val/success_rate']:.3f}")
+                wm = self.warmup()
+                if wm:
+                    first.update(wm)
+                    msg = f"warm-up: {int(wm['warmup/steps'])} steps in {wm['warmup/seconds']:.1f}s, loss {wm['warmup/loss']:.4f}"
+                    if _get(cfg, "warmup.validate", True):
+                        post = self.validate(0, prefix="warmup/val")
+                        first.update(post)
+                        msg += (f"; val reward after warm-up {post['warmup/val/reward_mean']:.3f}, "
+                                f"success {post['warmup/val/success_rate']:.3f}")
+                    self.log(msg)
+                if first:
+                    first["time/elapsed_s"] = time.perf_counter() - self.t_start
+                    self.metrics_logger.log(0, first)
+                    last_val = {k: v for k, v in first.items() if k.startswith("val/")}
+            self.bar = ProgressBar(self.total_steps, initial=start_step,
+                                   disable=not bool(_get(cfg, "trainer.progress", True)))
+            self.log.bar = self.bar.bar
+            ckpt_seconds = None
+            for step in range(start_step + 1, self.total_steps + 1):
+                metrics = self.train_step(step)
+                is_last = step == self.total_steps
+                if (val_freq and step % val_freq == 0) or (is_last and _get(cfg, "trainer.val_at_end", True)):
+                    metrics.update(self.validate(step))
+                    last_val = {k: v for k, v in metrics.items() if k.startswith("val/")}
+                metrics["time/elapsed_s"] = time.perf_counter() - self.t_start
+                if ckpt_seconds is not None:  # the previous checkpoint's write time
+                    metrics["timing/checkpoint"] = ckpt_seconds
+                    ckpt_seconds = None
+                # Logged before the checkpoint: a kill in between resumes from the previous checkpoint and the
+                # logger drops the lines after it, so no step is ever missing from metrics.jsonl.
+                self.metrics_logger.log(step, metrics)
+                self.pm.hook.openmanus_rl_step_end(step=step, metrics=metrics)
+                self.bar.update(step, metrics)
+                last = metrics
+                if (save_freq and step % save_freq == 0) or (is_last and _get(cfg, "trainer.save_at_end", True)):
+                    t0 = time.perf_counter()
+                    self.save(step)
+                    ckpt_seconds = time.perf_counter() - t0
+            final = {**last, **last_val}
+            return final
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+                self.log.bar = None
+            self.metrics_logger.close()
+            try:
+                plot = plot_rewards(self.run_dir)
+                self.log(f"reward plot: {plot}")
+            except Exception as exc:  # a plot must never fail the run
+                self.log(f"could not draw the reward plot: {exc}")
+            self.pm.hook.openmanus_rl_run_end(run_dir=str(self.run_dir), metrics=dict(last))
+
+    def shutdown(self) -> None:
+        import ray
+
+        for g in (self.actor, self.critic):
+            if g is not None:
+                g.kill()
+        if self.ray_started and ray.is_initialized():
+            ray.shutdown()
+
+
+def _avg(items: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    keys = items[0].keys() if items else []
+    return {k: _mean([it[k] for it in items if k in it]) for k in keys}
+
+
+# ---------------------------------------------------------------------------------------------- commands
+def train(cfg: Any) -> int:
+    """``openmanus-rl train``: run the fit loop; prints the run directory first and a summary at the end."""
+    trainer = Trainer(cfg)
+    try:
+        trainer.setup()
+        final = trainer.fit()
+    finally:
+        trainer.shutdown()
+    elapsed = time.perf_counter() - trainer.t_start
+    val_r, val_s = final.get("val/reward_mean"), final.get("val/success_rate")
+    summary = f"done: {trainer.total_steps} steps in {elapsed:.0f}s"
+    if val_r is not None:
+        summary += f"; final val reward {val_r:.3f}, success rate {val_s:.3f}"
+    print(summary, flush=True)
+    print(f"run directory: {trainer.run_dir}", flush=True)
+    return 0
+
+
+def evaluate(cfg: Any) -> int:
+    """``openmanus-rl eval trainer.checkpoint=<checkpoint or run dir>``: run the env's validation tasks.
+
+    Loads the model (from the checkpoint's model folder plus its weights, or ``model.path``) into one in-process
+    rollout engine, runs every validation task greedily (``trainer.val_greedy``), and prints the success rate and
+    the mean reward (also written as JSON to ``trainer.eval_output`` when set).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from openmanus_rl_core.checkpoint import load_checkpoint, resolve_checkpoint
+    from openmanus_rl_core.data import ensure_task_files, load_tasks
+    from openmanus_rl_core.models import _dtype, apply_lora
+    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.rewards import RewardComposer
+    from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, expand_tasks
+
+    c = _plain(cfg)
+    seed = int(_get(c, "seed", 0))
+    _seed_all(seed)
+    ckpt = _get(c, "trainer.checkpoint")
+    model_cfg = dict(c.get("model") or {})
+    state = None
+    if ckpt:
+        path = resolve_checkpoint(str(ckpt))
+        state = load_checkpoint(path, keys=["model", "meta"])
+        meta = state["meta"] or {}
+        model_dir = meta.get("model_dir")
+        saved_cfg = meta.get("config") or {}
+        if saved_cfg.get("model"):
+            model_cfg = dict(saved_cfg["model"])  # LoRA and dtype as the checkpoint was trained
+        if not model_dir or not Path(model_dir).exists():
+            cand = Path(path).parent.parent / "model"
+            if not cand.exists():
+                raise FileNotFoundError(f"{path}: its model folder {model_dir!r} is gone and {cand} does not exist; "
+                                        "pass model.path=<the HF folder the run started from>")
+            model_dir = str(cand)
+        print(f"checkpoint: {path} (step {meta.get('step')})")
+    elif _get(c, "model.path"):
+        model_dir = str(Path(str(c["model"]["path"])).expanduser())
+    else:
+        raise SystemExit("eval needs trainer.checkpoint=<checkpoint folder or run directory> or model.path=<HF folder>")
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, padding_side="left")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True,
+                                                 dtype=_dtype(model_cfg.get("dtype", "float32")))
+    model = apply_lora(model, model_cfg.get("lora") or {})
+    device = "cuda" if torch.cuda.is_available() and str(_get(c, "trainer.device", "auto")) != "cpu" else "cpu"
+    engine_name = str(_get(c, "rollout.engine", "hf"))
+    engine = registry("engine").build(engine_name, model=model, tokenizer=tokenizer, device=device, seed=seed,
+                                      **dict(_get(c, "rollout.engine_kwargs", {}) or {}))
+    if state is not None:
+        engine.update_weights(state["model"])
+
+    out_dir = Path(str(_get(c, "trainer.run_dir") or (Path(str(ckpt)).parent.parent if ckpt else "outputs/eval")))
+    _, val_files = ensure_task_files(cfg, out_dir / "data") if not _get(c, "data.val_files") else (None, c["data"]["val_files"])
+    tasks = load_tasks(val_files)
+    vmax = _get(c, "trainer.val_max_tasks")
+    if vmax:
+        tasks = tasks[: int(vmax)]
+    template = registry("template").build(c["template"]["name"], **(c["template"].get("kwargs") or {}))
+    env_name, env_kwargs = c["env"]["name"], dict(c["env"].get("kwargs") or {})
+    env_cls = registry("env").get(env_name)
+    rcfg = RolloutConfig.from_cfg(c.get("rollout") or {}, n=1, greedy=bool(_get(c, "trainer.val_greedy", True)),
+                                  temperature=float(_get(c, "trainer.val_temperature", 1.0)))
+    loop = AgentLoop(engine, tokenizer, template, lambda: env_cls(**env_kwargs), rcfg)
+    t0 = time.perf_counter()
+    episodes = loop.run(expand_tasks([dict(t, group_id=f"eval:{i}") for i, t in enumerate(tasks)], 1))
+    composer = RewardComposer.from_config(_get(c, "reward.components", {}))
+    breakdowns, rmetrics = composer.compose_batch([e.trajectory for e in episodes])
+    result = {
+        "tasks": len(episodes),
+        "success_rate": _mean([bool(e.trajectory.success) for e in episodes]),
+        "reward_mean": _mean([b.total for b in breakdowns]),
+        "num_turns": _mean([e.trajectory.num_turns for e in episodes]),
+        "seconds": time.perf_counter() - t0,
+        **{k: v for k, v in rmetrics.items() if k.endswith("/mean")},
+    }
+    print(f"eval on {result['tasks']} {env_name} validation tasks: success rate {result['success_rate']:.3f}, "
+          f"mean reward {result['reward_mean']:.3f} ({result['seconds']:.1f}s)")
+    dest = _get(c, "trainer.eval_output")
+    if dest:
+        Path(str(dest)).parent.mkdir(parents=True, exist_ok=True)
+        Path(str(dest)).write_text(json.dumps(result, indent=2))
+    return 0

@@ -1,0 +1,174 @@
+"""Supervised warm-up on an env's own oracle demonstrations (before RL).
+
+A randomly initialised model almost never emits a well-formed action, so a pure RL run first has to discover the
+action syntax by chance, and on a reward with partial credit it may find a way to game it instead (see
+DESIGN.md, "Measured facts"). A few seconds of behaviour cloning on correct episodes fixes that: the env's
+``oracle_action()`` (an :class:`~openmanus_rl_core.protocols.OracleEnv`) plays each task, the template renders
+each action as a reply, and the model is trained on those replies with the token layout the rollout uses
+(:class:`~openmanus_rl_core.rollout.ChatDelta`), so what the model learns is exactly what it will be asked to
+continue during RL.
+
+Demonstration layout (one per task; ``loss_mask`` is 1 on reply tokens only)::
+
+    input_ids = prompt(system, obs_0) | reply_0 | obs_delta_0 | reply_1 | ... | reply_k
+    loss_mask =   0 ...                 1 ...     0 ...          1 ...          1 ...
+
+``reply_t = encode(template.render(a_t))``, followed by the chat template's end-of-turn tokens when the template
+has no stop strings (then the model must end its turn with EOS; with stop strings the engine stops there).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from openmanus_rl_core.batch import Batch
+
+__all__ = ["oracle_episode", "build_corpus", "build_demonstrations", "demo_batch", "run_warmup"]
+
+
+def oracle_episode(env: Any, task: Mapping[str, Any], max_turns: int) -> tuple[str, list[tuple[str, str]]]:
+    """Play ``task`` with the env's oracle. Returns ``(first observation, [(action, next observation), ...])``;
+    the last pair is the one that ended the episode (or the ``max_turns``-th)."""
+    if not hasattr(env, "oracle_action"):
+        raise TypeError(
+            f"the env {type(env).__name__} has no oracle_action(); the supervised warm-up needs an OracleEnv. "
+            "Set warmup.steps=0 to train without it"
+        )
+    obs0 = env.reset(task_id=task.get("task_id"), seed=task.get("seed"))
+    steps: list[tuple[str, str]] = []
+    for _ in range(int(max_turns)):
+        action = env.oracle_action()
+        res = env.step(action)
+        steps.append((action, res.observation))
+        if res.done:
+            break
+    return obs0, steps
+
+
+def build_corpus(env_factory: Callable[[], Any], template: Any, tasks: Sequence[Mapping[str, Any]],
+                 max_turns: int) -> list[str]:
+    """Tokenizer training texts: each oracle episode's pieces (system prompt, observations, rendered replies;
+    :func:`rollout.tokenizer_corpus`) plus the whole episode rendered in ChatML, so merges span the chat
+    scaffolding too."""
+    from openmanus_rl_core.models import IM_END, IM_START
+    from openmanus_rl_core.rollout import tokenizer_corpus
+
+    texts = tokenizer_corpus(env_factory, template, tasks, max_turns=max_turns)
+    for task in tasks:
+        env = env_factory()
+        try:
+            if not hasattr(env, "oracle_action"):
+                continue
+            obs0, steps = oracle_episode(env, task, max_turns)
+            system = template.system_prompt(str(getattr(env, "instruction", "") or ""))
+            msgs = [("system", system), ("user", obs0)]
+            for i, (action, obs) in enumerate(steps):
+                msgs.append(("assistant", template.render(action)))
+                if i < len(steps) - 1:
+                    msgs.append(("user", obs))
+            # Special tokens are split off by the tokenizer; only the text between them teaches merges.
+            texts.append("".join(f"{IM_START}{r}\n{c}{IM_END}\n" for r, c in msgs))
+        finally:
+            env.close()
+    return texts
+
+
+def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenizer: Any,
+                         tasks: Sequence[Mapping[str, Any]], max_turns: int) -> list[tuple[list[int], list[int]]]:
+    """One ``(input_ids, loss_mask)`` per task, in the rollout's token layout (module docstring)."""
+    from openmanus_rl_core.rollout import ChatDelta
+
+    chat = ChatDelta(tokenizer)
+    end_ids = [] if list(getattr(template, "stop", []) or []) else list(chat.end_ids)
+    demos = []
+    for task in tasks:
+        env = env_factory()
+        try:
+            obs0, steps = oracle_episode(env, task, max_turns)
+            system = template.system_prompt(str(getattr(env, "instruction", "") or ""))
+        finally:
+            env.close()
+        ids = chat.prompt_ids(system, obs0)
+        mask = [0] * len(ids)
+        for i, (action, obs) in enumerate(steps):
+            reply = chat.encode(template.render(action)) + end_ids
+            ids += reply
+            mask += [1] * len(reply)
+            if i < len(steps) - 1:
+                delta = chat.obs_ids(chat.encode(obs), reply)
+                ids += delta
+                mask += [0] * len(delta)
+        demos.append((ids, mask))
+    return demos
+
+
+def demo_batch(demos: Sequence[tuple[list[int], list[int]]], pad_token_id: int) -> Batch:
+    """Right-padded tensors ``input_ids, attention_mask, position_ids, loss_mask`` ``[B, L]``."""
+    L = max(len(ids) for ids, _ in demos)
+    B = len(demos)
+    input_ids = torch.full((B, L), int(pad_token_id), dtype=torch.long)
+    attn = torch.zeros((B, L), dtype=torch.long)
+    loss_mask = torch.zeros((B, L), dtype=torch.float32)
+    for i, (ids, mask) in enumerate(demos):
+        input_ids[i, : len(ids)] = torch.as_tensor(ids)
+        attn[i, : len(ids)] = 1
+        loss_mask[i, : len(ids)] = torch.as_tensor(mask, dtype=torch.float32)
+    position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
+    return Batch(tensors={"input_ids": input_ids, "attention_mask": attn, "position_ids": position_ids,
+                          "loss_mask": loss_mask})
+
+
+def run_warmup(step_fn: Callable[[list[Batch], float], list[dict]], demos: Sequence[tuple[list[int], list[int]]],
+               pad_token_id: int, world_size: int, steps: int, batch_size: int, lr: float, seed: int,
+               warmup_ratio: float = 0.1, log: Callable[[str], None] | None = None,
+               lr_schedule: str = "constant") -> dict[str, float]:
+    """``steps`` supervised steps over shuffled demonstrations; returns ``warmup/*`` metrics.
+
+    ``step_fn(shards, lr)`` runs one step on every worker (``shards[r]`` for rank ``r``; all the same size) and
+    returns each rank's metrics. LR: linear ramp over ``warmup_ratio * steps`` steps, then ``constant`` or
+    ``cosine`` (decay to 10%). Constant is the default: what the warm-up must learn (copying a word from the
+    observation) appears abruptly after a plateau, and a decaying LR delays it. The order of demonstrations is a
+    fixed function of ``seed``.
+    """
+    from openmanus_rl_core.workers import make_lr_lambda
+
+    lr_at = make_lr_lambda(lr_schedule, steps, max(1, int(warmup_ratio * steps)), min_lr_ratio=0.1)
+    t0 = time.perf_counter()
+    n = len(demos)
+    if n == 0 or steps <= 0:
+        return {}
+    per_rank = max(1, -(-int(batch_size) // world_size))
+    size = per_rank * world_size
+    rng = np.random.default_rng([int(seed), 7])
+    order: list[int] = []
+    losses, accs = [], []
+    last: dict[str, float] = {}
+    skipped = 0
+    for s in range(int(steps)):
+        while len(order) < size:
+            order.extend(rng.permutation(n).tolist())
+        idx, order = order[:size], order[size:]
+        # Sort by length inside the step so each rank's shard pads little (the step's sample set is unchanged).
+        idx.sort(key=lambda i: len(demos[i][0]))
+        shards = [demo_batch([demos[i] for i in idx[r::world_size]], pad_token_id) for r in range(world_size)]
+        results = step_fn(shards, float(lr) * lr_at(s))
+        last = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
+        losses.append(last["loss"])
+        accs.append(last.get("token_acc", float("nan")))
+        skipped += int(max(r.get("skipped", 0.0) for r in results))
+        if log and (s == 0 or (s + 1) % max(1, steps // 5) == 0 or s == steps - 1):
+            log(f"warm-up step {s + 1}/{steps}: loss {last['loss']:.4f} token acc {last.get('token_acc', 0):.3f}")
+    tail = max(1, len(losses) // 10)
+    return {
+        "warmup/loss": float(np.mean(losses[-tail:])),
+        "warmup/first_loss": float(losses[0]),
+        "warmup/token_acc": float(np.mean(accs[-tail:])),
+        "warmup/steps": float(steps),
+        "warmup/demonstrations": float(n),
+        "warmup/skipped_steps": float(skipped),
+        "warmup/seconds": time.perf_counter() - t0,
+    }

@@ -1,0 +1,216 @@
+"""End-to-end training runs (a few steps, the smallest model): GRPO on the multi-turn env, PPO with the critic,
+NaN skipping, checkpoints, kill -9 and resume (deterministic on CPU), and `openmanus-rl eval`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from openmanus_rl_core.config import compose
+
+# The smallest useful run: a one-layer 32-wide model, 4 tasks x 4 samples, a 2-step warm-up.
+SMALL = [
+    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+    "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
+    "data.train_batch_size=4", "algorithm.n=4", "env.train_tasks=32", "env.val_tasks=8",
+    "rollout.max_new_tokens=12", "warmup.steps=2", "warmup.batch_size=8", "warmup.validate=false",
+    "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_cpus=2",
+]
+REQUIRED = ("step", "train/reward_mean", "val/reward_mean", "val/success_rate")
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One local Ray instance for the in-process runs of this module (train() reuses a running one)."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def grpo_run(ray_local, tmp_path_factory):
+    """GRPO on key_door for 3 steps, with a NaN injected into the loss at step 2."""
+    from openmanus_rl_core.trainer import train
+
+    run_dir = tmp_path_factory.mktemp("grpo") / "run"
+    cfg = compose(["env=key_door", "algorithm=grpo", *SMALL, "trainer.total_steps=3", "trainer.save_freq=2",
+                   "trainer.val_freq=2", f"trainer.run_dir={run_dir}", "trainer.debug_nan_step=2", "seed=5"])
+    assert train(cfg) == 0
+    return run_dir
+
+
+@pytest.mark.slow
+def test_grpo_on_the_multi_turn_env_writes_metrics_and_checkpoints(grpo_run):
+    recs = _records(grpo_run)
+    assert [r["step"] for r in recs] == [0, 1, 2, 3]
+    step0 = recs[0]
+    assert step0["val/reward_mean"] is not None and step0["warmup/loss"] > 0 and step0["warmup/seconds"] > 0
+    for r in recs[1:]:
+        for key in ("train/reward_mean", "train/success_rate", "train/num_turns", "train/response_length",
+                    "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "timing/rollout", "timing/update_actor",
+                    "perf/tokens_per_s", "train/skipped_steps"):
+            assert key in r, key
+        assert r["train/num_turns"] >= 1
+    for key in REQUIRED:
+        assert recs[-1].get(key) is not None, key
+    assert recs[2]["val/success_rate"] is not None  # val_freq=2
+    # Losses are finite except on the poisoned step, which is skipped and counted from then on.
+    assert math.isfinite(recs[1]["actor/pg_loss"]) and math.isfinite(recs[3]["actor/pg_loss"])
+    assert recs[1]["train/skipped_steps"] == 0
+    assert recs[2]["actor/skipped_updates"] == 1 and recs[2]["train/skipped_steps"] == 1
+    assert recs[3]["actor/skipped_updates"] == 0 and recs[3]["train/skipped_steps"] == 1
+    ckpts = sorted(p.name for p in (grpo_run / "checkpoints").iterdir())
+    assert ckpts == ["step_000002", "step_000003"]
+    assert (grpo_run / "checkpoints" / "step_000003" / "COMPLETE").is_file()
+    assert (grpo_run / "rewards.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_checkpoint_loads_with_weights_only_and_holds_the_run_state(grpo_run):
+    from openmanus_rl_core.checkpoint import load_checkpoint
+
+    state = load_checkpoint(grpo_run / "checkpoints" / "step_000003")  # torch.load(weights_only=True) inside
+    assert {"model", "optimizer", "scheduler", "rng", "sampler", "trainer"} <= set(state)
+    assert state["trainer"]["step"] == 3 and state["trainer"]["skipped_steps"] == 1
+    assert len(state["rng"]["actor"]) == 2  # both workers' RNG states
+    assert state["sampler"]["position"] == (3 * 4) % 32
+
+
+@pytest.mark.slow
+def test_eval_command_runs_a_saved_checkpoint(grpo_run, tmp_path, capsys):
+    from openmanus_rl_core.trainer import evaluate
+
+    out = tmp_path / "eval.json"
+    cfg = compose(["env=key_door", *SMALL, f"trainer.checkpoint={grpo_run / 'checkpoints' / 'step_000003'}",
+                   f"trainer.eval_output={out}"])
+    assert evaluate(cfg) == 0
+    printed = capsys.readouterr().out
+    assert "success rate" in printed and "mean reward" in printed
+    result = json.loads(out.read_text())
+    assert result["tasks"] == 8 and 0.0 <= result["success_rate"] <= 1.0
+    # The same numbers as the run's own final validation (greedy, same weights, same tasks).
+    final = _records(grpo_run)[-1]
+    assert result["reward_mean"] == pytest.approx(final["val/reward_mean"], abs=1e-6)
+    assert result["success_rate"] == pytest.approx(final["val/success_rate"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_ppo_with_the_critic_trains_a_few_steps(ray_local, tmp_path):
+    from openmanus_rl_core.checkpoint import load_checkpoint
+    from openmanus_rl_core.trainer import train
+
+    run_dir = tmp_path / "ppo"
+    cfg = compose(["env=word_copy", "algorithm=ppo", *SMALL, "algorithm.n=1", "data.train_batch_size=8",
+                   "trainer.total_steps=2",
+                   "trainer.val_freq=0", "actor.ppo_epochs=2", "actor.ppo_mini_batch_size=4",
+                   f"trainer.run_dir={run_dir}"])
+    assert train(cfg) == 0
+    recs = _records(run_dir)
+    assert [r["step"] for r in recs] == [0, 1, 2]
+    for r in recs[1:]:
+        assert math.isfinite(r["critic/vf_loss"]) and math.isfinite(r["actor/pg_loss"])
+        assert r["actor/num_updates"] == 4  # 2 epochs x 2 mini-batches
+        assert "actor/reward_kl" in r and "actor/kl_coef" in r  # ppo: KL to the reference as a reward penalty
+    assert recs[2]["critic/vpred_mean"] != 0.0  # the critic moved off its zero init
+    state = load_checkpoint(run_dir / "checkpoints" / "step_000002")
+    assert set(state["critic"]) == {"model", "optimizer", "scheduler"}
+
+
+# ---------------------------------------------------------------------------------------------- kill -9
+def _cli(run_dir: Path, extra: list[str]) -> list[str]:
+    return [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_door", *SMALL,
+            "trainer.total_steps=5", "trainer.save_freq=2", "trainer.val_freq=0", "seed=11",
+            f"trainer.run_dir={run_dir}", *extra]
+
+
+def _comparable(rec: dict) -> dict:
+    return {k: v for k, v in rec.items()
+            if not k.startswith(("timing/", "perf/", "time/", "rollout/time_s", "rollout/episodes_per_s",
+                                 "rollout/turns_per_s", "rollout/tokens_per_s"))
+            and not k.endswith("/seconds")}  # wall-clock readings differ between any two runs
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_path, cli_env):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    subprocess.run(_cli(full, []), check=True, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=600)
+
+    # The same run, killed (the whole process group: driver, Ray and its workers) once step 2's checkpoint exists.
+    proc = subprocess.Popen(_cli(killed, []), env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    marker = killed / "checkpoints" / "step_000002" / "COMPLETE"
+    deadline = time.time() + 600
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    last_logged = max(r["step"] for r in _records(killed))
+    assert last_logged < 5
+
+    subprocess.run(_cli(killed, ["trainer.resume=auto"]), check=True, env=cli_env, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=600)
+    a, b = _records(full), _records(killed)
+    assert [r["step"] for r in b] == [0, 1, 2, 3, 4, 5]  # no step twice, none missing
+    for ra, rb in zip(a, b):
+        ca, cb = _comparable(ra), _comparable(rb)
+        assert ca.keys() == cb.keys(), ra["step"]
+        for k in ca:
+            if ca[k] is None or cb[k] is None:
+                assert ca[k] == cb[k], (ra["step"], k)
+            else:
+                assert cb[k] == pytest.approx(ca[k], rel=1e-6, abs=1e-6), (ra["step"], k)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "gigpo", "ppo"])
+def test_each_algorithm_config_feeds_its_estimator_from_a_real_rollout_batch(algorithm, tmp_path):
+    """The composed algorithm config, applied to a batch built from real key_door episodes, gives advantages on
+    exactly the agent tokens (the same path train_step takes, without Ray)."""
+    import torch
+
+    from openmanus_rl_core.engines.hf import HFEngine
+    from openmanus_rl_core.models import load_model_and_tokenizer
+    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.rewards import RewardComposer
+    from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, build_batch, expand_tasks
+    from openmanus_rl_core.trainer import _plain
+
+    cfg = _plain(compose(["env=key_door", f"algorithm={algorithm}", *SMALL]))
+    algo = cfg["algorithm"]
+    env_cls = registry("env").get("key_door")
+    template = registry("template").build("react")
+    model, tok = load_model_and_tokenizer(cfg["model"], ["open box", "say apple", "The note says: apple."])
+    loop = AgentLoop(HFEngine(model, tok, seed=0), tok, template, env_cls,
+                     RolloutConfig.from_cfg(cfg["rollout"], max_new_tokens=6))
+    n = cfg["rollout"]["n"]
+    assert n == algo["n"]  # rollout.n follows the algorithm's group size
+    tasks = expand_tasks([{"task_id": i, "seed": i, "group_id": f"g{i}"} for i in range(3)], max(n, 2))
+    episodes = loop.run(tasks)
+    composer = RewardComposer.from_config(cfg["reward"]["components"])
+    breakdowns, _ = composer.compose_batch([e.trajectory for e in episodes])
+    allocator = registry("allocator").build(cfg["allocator"]["name"])
+    batch = build_batch(episodes, breakdowns, allocator, tok.pad_token_id)
+    batch["token_level_rewards"] = batch["token_level_scores"]
+    if algo["use_critic"]:
+        batch["values"] = torch.zeros_like(batch["token_level_scores"])
+    adv_cfg = {k: v for k, v in algo.items() if not isinstance(v, dict)}
+    adv, returns = registry("advantage").get(algo["adv_estimator"])(batch, **adv_cfg)
+    assert adv.shape == batch["responses"].shape and torch.isfinite(adv).all()
+    assert bool((adv[batch["response_mask"] == 0] == 0).all())

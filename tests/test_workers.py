@@ -1,0 +1,214 @@
+"""Worker-level behaviour, in this process (a one-rank gloo group, no Ray): log-prob alignment with the rollout
+engine, the policy update (clipping, NaN skipping), weight sync into the engine, state round trips, the critic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from openmanus_rl_core.batch import Batch
+from openmanus_rl_core.workers import (
+    ActorWorker,
+    CriticWorker,
+    _minibatches,
+    make_lr_lambda,
+    sequence_logprobs,
+)
+
+
+def _cfg(**algo):
+    return {
+        "seed": 3,
+        "env": {"name": "word_copy", "kwargs": {}, "max_turns": 1},
+        "template": {"name": "react", "kwargs": {}},
+        "model": {"dtype": "float32", "lora": {"enabled": False}},
+        "rollout": {"engine": "hf", "n": 1, "max_turns": 1, "max_new_tokens": 8, "temperature": 1.0},
+        "algorithm": {"use_kl_in_reward": False, "use_kl_loss": False, **algo},
+        "actor": {"lr": 1e-2, "grad_clip": 1.0, "ppo_epochs": 1},
+        "critic": {"lr": 1e-2, "grad_clip": 1.0, "value_clip": 0.5},
+        "trainer": {"torch_threads": 1, "device": "cpu"},
+    }
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from openmanus_rl_core.models import load_model_and_tokenizer
+
+    d = tmp_path_factory.mktemp("model")
+    corpus = ["Say: apple", "<action>apple</action>", "Say: bird", "<action>bird</action>",
+              "Reply with the word you are asked to say."] * 3
+    load_model_and_tokenizer({"tiny": {"vocab_size": 300, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                                       "num_kv_heads": 1, "intermediate_size": 64}}, corpus, save_dir=d)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def dist_group():
+    """One process group of one rank for every worker of this module (gloo, a free local port)."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    yield ("127.0.0.1", port)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def actor(model_dir, dist_group):
+    w = ActorWorker(_cfg(), rank=0, world_size=1, model_dir=model_dir, total_steps=10)
+    info = w.setup(*dist_group)
+    assert info["params"] > 0 and info["device"] == "cpu"
+    return w
+
+
+def _rollout_batch(actor, tasks=8):
+    from openmanus_rl_core.rollout import build_batch, expand_tasks
+
+    eps = actor.rollout(expand_tasks([{"task_id": i, "seed": i, "group_id": f"g{i // 2}"} for i in range(tasks)], 1))
+    alloc = lambda total, turns, segs, length: [0.0] * length  # noqa: E731
+    return build_batch(eps, None, alloc, actor.tokenizer.pad_token_id), eps
+
+
+def test_lr_schedules_warm_up_then_follow_their_shape():
+    const = make_lr_lambda("constant", 10, warmup_steps=2)
+    assert [const(s) for s in range(4)] == [0.5, 1.0, 1.0, 1.0]
+    cos = make_lr_lambda("cosine", 10, warmup_steps=0, min_lr_ratio=0.1)
+    assert cos(0) == pytest.approx(1.0) and cos(10) == pytest.approx(0.1) and cos(5) == pytest.approx(0.55)
+    lin = make_lr_lambda("linear", 4)
+    assert [lin(s) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+    with pytest.raises(ValueError, match="unknown lr schedule 'step'"):
+        make_lr_lambda("step", 10)
+
+
+def test_minibatches_cover_every_row_once_per_epoch_in_a_seeded_order():
+    b = Batch(tensors={"x": torch.arange(10)})
+    runs = [[mb["x"].tolist() for _, mb in _minibatches(b, 4, 2, True, (1, 2))] for _ in range(2)]
+    assert runs[0] == runs[1]  # the same seed gives the same order
+    epoch0 = sorted(sum(runs[0][:3], []))
+    assert epoch0 == list(range(10)) and [len(x) for x in runs[0]] == [4, 4, 2, 4, 4, 2]
+
+
+def test_training_logprobs_match_the_engine_sampling_logprobs(actor):
+    batch, eps = _rollout_batch(actor)
+    with torch.no_grad():
+        logp, ent = sequence_logprobs(actor.engine.model, batch, temperature=1.0, with_entropy=True)
+    mask = batch["response_mask"].bool()
+    assert mask.any()
+    assert torch.allclose(logp[mask], batch["rollout_log_probs"][mask], atol=1e-4)
+    assert bool((ent[mask] >= 0).all())
+    # The sharded training model computes the same numbers as the engine's unsharded copy.
+    out = actor.compute_log_probs(batch.select(["input_ids", "attention_mask", "position_ids", "responses",
+                                                "response_mask"]))
+    assert torch.allclose(out["old_log_probs"][mask], logp[mask], atol=1e-5)
+
+
+def _params(worker):
+    return {k: v.detach().clone() for k, v in worker.engine.model.state_dict().items()}
+
+
+def test_update_moves_the_policy_and_sync_pushes_it_into_the_engine(actor):
+    batch, _ = _rollout_batch(actor)
+    batch["advantages"] = torch.randn(batch["response_mask"].shape) * batch["response_mask"]
+    before = _params(actor)
+    m = actor.update(batch, step=1, algo={"loss_cfg": {"clip_low": 0.2, "clip_high": 0.2}})
+    assert m["actor/skipped_updates"] == 0 and math.isfinite(m["actor/grad_norm"]) and m["actor/grad_norm"] > 0
+    assert math.isfinite(m["actor/entropy"]) and m["actor/pg_clipfrac"] == 0.0  # on-policy: ratio 1
+    assert all(torch.equal(before[k], v) for k, v in _params(actor).items())  # engine untouched until the sync
+    actor.sync_rollout_weights()
+    after = _params(actor)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    full = actor.get_model_state()
+    for k, v in full.items():
+        assert torch.equal(after[k], v), k
+
+
+def test_a_nan_loss_skips_the_optimizer_step_and_is_counted(actor):
+    batch, _ = _rollout_batch(actor)
+    batch["advantages"] = torch.ones(batch["response_mask"].shape) * batch["response_mask"]
+    before = actor.get_model_state()
+    m = actor.update(batch, step=7, algo={"debug_nan_step": 7})
+    assert m["actor/skipped_updates"] == 1.0
+    assert not math.isfinite(m["actor/loss"])
+    after = actor.get_model_state()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    # The same batch on another step (no injection) trains.
+    m = actor.update(batch, step=8, algo={"debug_nan_step": 7})
+    assert m["actor/skipped_updates"] == 0.0
+
+
+def test_a_nan_gradient_from_the_loss_function_is_skipped(actor, monkeypatch):
+    from openmanus_rl_core.registry import registry
+
+    real = registry("loss").get("ppo_clip")
+
+    def poisoned(old, logp, adv, mask, **cfg):
+        loss, metrics = real(old, logp, adv, mask, **cfg)
+        return loss + logp.sum() * float("nan"), metrics
+
+    monkeypatch.setattr(registry("loss"), "get", lambda name: poisoned)
+    batch, _ = _rollout_batch(actor)
+    batch["advantages"] = torch.ones(batch["response_mask"].shape) * batch["response_mask"]
+    before = actor.get_model_state()
+    m = actor.update(batch, step=9, algo={})
+    assert m["actor/skipped_updates"] == 1.0 and not math.isfinite(m["actor/grad_norm"])
+    assert all(torch.equal(before[k], v) for k, v in actor.get_model_state().items())
+
+
+def test_state_round_trip_restores_weights_optimizer_and_sampling(actor):
+    actor.sync_rollout_weights()  # earlier tests may have left the engine behind the trained weights
+    state = actor.get_state()
+    assert set(state) >= {"model", "optimizer", "scheduler", "rng"}
+    batch, _ = _rollout_batch(actor)
+    batch["advantages"] = torch.randn(batch["response_mask"].shape) * batch["response_mask"]
+    first = actor.update(batch, step=2, algo={})
+    actor.sync_rollout_weights()
+    sample_a = [e.response_ids for e in _rollout_batch(actor)[1]]
+    actor.load_state(state["model"], state["optimizer"], state["scheduler"], state["rng"])
+    replay, _ = _rollout_batch(actor)  # the same sampler position as the first rollout above
+    assert torch.equal(replay["responses"], batch["responses"])
+    again = actor.update(batch, step=2, algo={})
+    actor.sync_rollout_weights()
+    sample_b = [e.response_ids for e in _rollout_batch(actor)[1]]
+    assert again["actor/loss"] == pytest.approx(first["actor/loss"], abs=1e-7)
+    assert again["actor/grad_norm"] == pytest.approx(first["actor/grad_norm"], rel=1e-6)
+    assert sample_a == sample_b
+
+
+def test_critic_values_start_at_zero_and_regress_towards_the_returns(model_dir, dist_group, actor):
+    critic = CriticWorker(_cfg(), rank=0, world_size=1, model_dir=model_dir, total_steps=10)
+    critic.setup(*dist_group)
+    batch, _ = _rollout_batch(actor)
+    values = critic.compute_values(batch)
+    assert values.shape == batch["responses"].shape and float(values.abs().max()) == 0.0
+    batch["values"] = values
+    batch["returns"] = torch.full_like(values, 0.3) * batch["response_mask"]
+    losses = [critic.update(batch, step=s, algo={})["critic/vf_loss"] for s in range(1, 6)]
+    assert losses[-1] < losses[0]
+    v2 = critic.compute_values(batch)
+    mask = batch["response_mask"].bool()
+    assert float(v2[mask].mean()) > 0.05
+
+
+def test_lora_trains_only_the_adapters_and_syncs_them_into_the_engine(model_dir, dist_group, actor):
+    cfg = _cfg()
+    cfg["model"]["lora"] = {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    w = ActorWorker(cfg, rank=0, world_size=1, model_dir=model_dir, total_steps=10)
+    info = w.setup(*dist_group)
+    assert 0 < info["trainable"] < info["params"]
+    batch, _ = _rollout_batch(w)
+    batch["advantages"] = torch.randn(batch["response_mask"].shape) * batch["response_mask"]
+    before = w.get_model_state()
+    w.update(batch, step=1, algo={})
+    w.update(batch, step=2, algo={})
+    after = w.get_model_state()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("lora_" in k for k in changed)
+    w.sync_rollout_weights()
+    engine_sd = w.engine.model.state_dict()
+    assert all(torch.equal(engine_sd[k], after[k]) for k in changed)
