@@ -21,10 +21,8 @@ demonstrations (``warmup/*`` metrics), then trains with GRPO.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -78,8 +76,6 @@ def _shard_batch(batch, n: int):
     Rows added to make the size divisible are copies whose ``response_mask`` is zeroed (they train nothing).
     Returns ``(shards, pad)``.
     """
-    import torch
-
     padded, pad = batch.pad_to_divisor(n)
     if pad:
         mask = padded["response_mask"].clone()
@@ -100,6 +96,17 @@ def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else float("nan")
 
 
+def _quiet_transformers() -> None:
+    """transformers' progress bars (saving / loading the model) would clutter the console."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except Exception:  # an old transformers without these: only cosmetic
+        pass
+
+
 class _Log:
     """Console lines that do not break the progress bar."""
 
@@ -118,13 +125,7 @@ class Trainer:
     """The driver of one run: builds everything from the config, then :meth:`fit`."""
 
     def __init__(self, cfg: Any):
-        try:  # transformers' progress bars (saving the tiny model) would clutter the console
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.set_verbosity_error()
-            hf_logging.disable_progress_bar()
-        except Exception:
-            pass
+        _quiet_transformers()
         self.cfg_node = cfg
         self.cfg = _plain(cfg)
         self.log = _Log()
@@ -268,6 +269,12 @@ class Trainer:
         if gpus is None:
             have_gpu = float(ray.cluster_resources().get("GPU", 0.0)) > 0 and str(_get(cfg, "trainer.device", "auto")) != "cpu"
             gpus = (1.0 / groups) if have_gpu else 0.0
+        have_gpus = float(ray.cluster_resources().get("GPU", 0.0))
+        if gpus and W * groups * float(gpus) > have_gpus + 1e-9:
+            raise RuntimeError(
+                f"trainer.num_workers={W} ({groups} group(s), {gpus} GPU each) needs {W * groups * float(gpus):g} GPUs "
+                f"but the Ray cluster has {have_gpus:g}; set trainer.num_workers to at most the GPU count "
+                f"(NCCL cannot put two ranks of one group on one GPU) or trainer.device=cpu")
         t0 = time.perf_counter()
         self.actor = WorkerGroup(ActorWorker, W, cfg, num_cpus=float(cpus), num_gpus=float(gpus), name="actor",
                                  model_dir=self.model_dir, total_steps=self.total_steps)
@@ -341,23 +348,12 @@ class Trainer:
                              float(wcfg.get("warmup_ratio", 0.1)), log=self.log,
                              lr_schedule=str(wcfg.get("lr_schedule", "constant")))
         self.actor.call("end_warmup")
-        with self._timed() as t:
-            self.actor.call("sync_rollout_weights")
+        self.actor.call("sync_rollout_weights")
         metrics["warmup/seconds"] = time.perf_counter() - t0
         return metrics
 
-    class _timed:
-        def __enter__(self):
-            self.t0 = time.perf_counter()
-            return self
-
-        def __exit__(self, *exc):
-            self.seconds = time.perf_counter() - self.t0
-
     # -------------------------------------------------------------------------------------- one step
     def train_step(self, step: int) -> dict[str, float]:
-        import torch
-
         from openmanus_rl_core.algorithms import apply_kl_penalty, masked_mean
         from openmanus_rl_core.metrics import Timer
         from openmanus_rl_core.rollout import build_batch, expand_tasks, rollout_metrics
@@ -661,6 +657,7 @@ def evaluate(cfg: Any) -> int:
     from openmanus_rl_core.rewards import RewardComposer
     from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, expand_tasks
 
+    _quiet_transformers()
     c = _plain(cfg)
     seed = int(_get(c, "seed", 0))
     _seed_all(seed)
