@@ -276,11 +276,13 @@ class Trainer:
                 f"but the Ray cluster has {have_gpus:g}; set trainer.num_workers to at most the GPU count "
                 f"(NCCL cannot put two ranks of one group on one GPU) or trainer.device=cpu")
         t0 = time.perf_counter()
+        strategy = str(_get(cfg, "trainer.placement_strategy", "SPREAD"))
         self.actor = WorkerGroup(ActorWorker, W, cfg, num_cpus=float(cpus), num_gpus=float(gpus), name="actor",
-                                 model_dir=self.model_dir, total_steps=self.total_steps)
+                                 placement_strategy=strategy, model_dir=self.model_dir, total_steps=self.total_steps)
         if self.use_critic:
             self.critic = WorkerGroup(CriticWorker, W, cfg, num_cpus=float(cpus), num_gpus=float(gpus),
-                                      name="critic", model_dir=self.model_dir, total_steps=self.total_steps)
+                                      name="critic", placement_strategy=strategy, model_dir=self.model_dir,
+                                      total_steps=self.total_steps)
         info = self.actor.setup_info[0]
         self.log(f"{W} actor worker(s){' + ' + str(W) + ' critic worker(s)' if self.critic else ''} ready on "
                  f"{info['device']} in {time.perf_counter() - t0:.1f}s; policy parameters: {info['params']:,}")
@@ -395,7 +397,7 @@ class Trainer:
             epochs = int(_get(self.cfg, "actor.ppo_epochs", 1) or 1)
             mini = _get(self.cfg, "actor.ppo_mini_batch_size")
             multi = epochs > 1 or (mini is not None and int(mini) < len(batch))
-            recompute = str(algo.get("recompute_old_log_probs", "auto"))
+            recompute = str(algo.get("recompute_old_log_probs", "auto")).lower()  # YAML gives true as a bool
             use_kl_reward = bool(algo.get("use_kl_in_reward", False))
             use_kl_loss = bool(algo.get("use_kl_loss", False))
             need_old = (recompute == "true") or (recompute == "auto" and multi) or use_kl_reward

@@ -825,16 +825,22 @@ class WorkerGroup:
     """
 
     def __init__(self, cls: type, size: int, cfg: Mapping[str, Any], num_cpus: float = 1.0, num_gpus: float = 0.0,
-                 name: str = "worker", **kwargs: Any):
+                 name: str = "worker", placement_strategy: str = "SPREAD", **kwargs: Any):
         import ray
+
+        from openmanus_rl_core.placement import worker_placement
 
         if int(size) < 1:
             raise ValueError(f"trainer.num_workers must be >= 1, got {size!r}")
         self.size = int(size)
         self.name = name
+        self.workers = []
+        # One placement-group bundle per rank: on a cluster SPREAD puts the ranks on different nodes.
+        self.placement = worker_placement(self.size, num_cpus, num_gpus, strategy=placement_strategy,
+                                          name=f"openmanus_rl_{name}")
         remote = ray.remote(cls)
         self.workers = [
-            remote.options(num_cpus=num_cpus, num_gpus=num_gpus).remote(cfg, rank, self.size, **kwargs)
+            remote.options(**self.placement.options(rank)).remote(cfg, rank, self.size, **kwargs)
             for rank in range(self.size)
         ]
         try:
@@ -865,3 +871,4 @@ class WorkerGroup:
             except Exception:  # already gone
                 pass
         self.workers = []
+        self.placement.remove()
