@@ -27,6 +27,7 @@ env's factory, ``reset`` or ``step`` raised, hung past ``env_timeout_s``, or ret
 from __future__ import annotations
 
 import concurrent.futures as cf
+import enum
 import math
 import queue
 import threading
@@ -226,6 +227,14 @@ class ChatDelta:
 
 
 # --------------------------------------------------------------------------------------------- env calls
+class CallStatus(enum.Enum):
+    """How one env call (reset, step, close) run by :class:`EnvCallPool` ended."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+
+
 class EnvCallPool:
     """Threads for blocking env calls, each call with its own timeout.
 
@@ -287,7 +296,8 @@ class EnvCallPool:
     def collect(self, futs: Sequence[cf.Future], timeout: float) -> list[tuple[str, Any]]:
         """Wait for every future; each gets ``timeout`` seconds from the moment its call started.
 
-        Returns, in order, ``("ok", result)``, ``("error", exception)`` or ``("timeout", None)``.
+        Returns, in order, ``(CallStatus.OK, result)``, ``(CallStatus.ERROR, exception)`` or
+        ``(CallStatus.TIMEOUT, None)``.
         """
         pending = set(futs)
         timed_out: set[cf.Future] = set()
@@ -313,11 +323,11 @@ class EnvCallPool:
         out: list[tuple[str, Any]] = []
         for f in futs:
             if f in timed_out:
-                out.append(("timeout", None))
+                out.append((CallStatus.TIMEOUT, None))
             elif f.exception() is not None:
-                out.append(("error", f.exception()))
+                out.append((CallStatus.ERROR, f.exception()))
             else:
-                out.append(("ok", f.result()))
+                out.append((CallStatus.OK, f.result()))
         return out
 
 
@@ -372,8 +382,7 @@ def _finish(live: _Live, termination: str, error: str | None = None) -> None:
     live.ep.trajectory.termination = termination
     if error is not None:
         live.ep.trajectory.error = error
-    if termination == "truncated":
-        live.ep.truncated = True
+    live.ep.truncated = live.ep.truncated or termination == "truncated"
 
 
 def _describe(exc: BaseException) -> str:
@@ -470,15 +479,15 @@ class AgentLoop:
             results = pool.collect([pool.submit(self._start, lv) for lv in lives], cfg.env_timeout_s)
             stats["reset_s"] = time.perf_counter() - t0
             for lv, (status, value) in zip(lives, results):
-                if status == "ok" and isinstance(value, str):
+                if status is CallStatus.OK and isinstance(value, str):
                     lv.ep.trajectory.initial_observation = value
                     try:
                         self._first_prompt(lv, value)
                     except Exception as exc:  # a template's system_prompt that raises ends only this episode
                         _finish(lv, "env_error", f"building the first prompt failed: {_describe(exc)}")
-                elif status == "ok":
+                elif status is CallStatus.OK:
                     _finish(lv, "env_error", f"env.reset returned {type(value).__name__}, not str")
-                elif status == "timeout":
+                elif status is CallStatus.TIMEOUT:
                     _finish(lv, "env_error", f"env reset timed out after {cfg.env_timeout_s:g}s")
                 else:
                     _finish(lv, "env_error", f"env reset failed: {_describe(value)}")
@@ -559,13 +568,13 @@ class AgentLoop:
             return None
         return tr
 
-    def _take_step(self, lv: _Live, tr: Turn, status: str, value: Any, turn: int) -> None:
+    def _take_step(self, lv: _Live, tr: Turn, status: CallStatus, value: Any, turn: int) -> None:
         ep, cfg = lv.ep, self.cfg
         traj = ep.trajectory
-        if status == "timeout":
+        if status is CallStatus.TIMEOUT:
             _finish(lv, "env_error", f"env.step timed out after {cfg.env_timeout_s:g}s (turn {turn})")
             return
-        if status == "error":
+        if status is CallStatus.ERROR:
             _finish(lv, "env_error", f"env.step failed (turn {turn}): {_describe(value)}")
             return
         if not isinstance(value, StepResult) or not isinstance(value.observation, str):
@@ -603,8 +612,8 @@ class AgentLoop:
         with_env = [lv for lv in lives if lv.env is not None]
         results = pool.collect([pool.submit(lv.env.close) for lv in with_env], min(self.cfg.env_timeout_s, 10.0))
         for lv, (status, value) in zip(with_env, results):
-            if status != "ok":
-                lv.ep.trajectory.info["close_error"] = "timed out" if status == "timeout" else _describe(value)
+            if status is not CallStatus.OK:
+                lv.ep.trajectory.info["close_error"] = "timed out" if status is CallStatus.TIMEOUT else _describe(value)
 
 
 # ------------------------------------------------------------------------------------------------- batch

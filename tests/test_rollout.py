@@ -446,10 +446,10 @@ def test_env_call_pool_timeouts_do_not_starve():
     block = threading.Event()
     try:
         futs = [pool.submit(block.wait, 10) for _ in range(2)]
-        assert [s for s, _ in pool.collect(futs, 0.2)] == ["timeout", "timeout"]
+        assert [s.value for s, _ in pool.collect(futs, 0.2)] == ["timeout", "timeout"]
         # Both workers are stuck; new calls still run (abandoned threads are replaced).
         out = pool.collect([pool.submit(lambda x: x * 2, i) for i in range(3)] + [pool.submit(int, "x")], 2.0)
-        assert out[:3] == [("ok", 0), ("ok", 2), ("ok", 4)] and out[3][0] == "error"
+        assert [(s.value, v) for s, v in out[:3]] == [("ok", 0), ("ok", 2), ("ok", 4)] and out[3][0].value == "error"
     finally:
         block.set()
 
