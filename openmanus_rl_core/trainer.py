@@ -199,13 +199,9 @@ class Trainer:
         self._start_workers()
 
     def _kl_controller(self):
-        from openmanus_rl_core.algorithms import AdaptiveKLController, FixedKLController
+        from openmanus_rl_core.algorithms import make_kl_controller
 
-        k = self.algo.get("kl_ctrl", {}) or {}
-        if str(k.get("type", "fixed")) == "adaptive":
-            return AdaptiveKLController(float(k.get("kl_coef", 0.001)), float(k.get("target_kl", 0.1)),
-                                        int(k.get("horizon", 10000)))
-        return FixedKLController(float(k.get("kl_coef", 0.001)))
+        return make_kl_controller(**(self.algo.get("kl_ctrl", {}) or {}))
 
     def _prepare_model(self):
         from transformers import AutoTokenizer

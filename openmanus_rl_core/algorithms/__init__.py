@@ -22,7 +22,14 @@ from .advantages import (
     rloo_estimator,
     rloo_sequence_advantages,
 )
-from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_penalty
+from .kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    kl_penalty,
+    make_kl_controller,
+)
 from .losses import (
     LOSS_AGG_MODES,
     agg_loss,
@@ -41,6 +48,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "AdaptiveKLController",
     "FixedKLController",
+    "make_kl_controller",
     "agg_loss",
     "apply_kl_penalty",
     "compute_gae",

@@ -126,3 +126,17 @@ class AdaptiveKLController:
     def update(self, current_kl: float, n_steps: int) -> None:
         proportional_error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+
+def make_kl_controller(type: str = "fixed", kl_coef: float = 0.001, target_kl: float = 0.1,
+                       horizon: int = 10000) -> FixedKLController | AdaptiveKLController:
+    """The KL coefficient controller of ``algorithm.kl_ctrl``: ``fixed`` (beta = kl_coef) or ``adaptive``
+    (PPO's proportional controller starting at kl_coef, steering the measured KL toward ``target_kl``)."""
+    builders = {
+        "fixed": lambda: FixedKLController(float(kl_coef)),
+        "adaptive": lambda: AdaptiveKLController(float(kl_coef), float(target_kl), int(horizon)),
+    }
+    try:
+        return builders[str(type)]()
+    except KeyError:
+        raise ValueError(f"unknown algorithm.kl_ctrl.type {type!r}; use one of {', '.join(builders)}") from None

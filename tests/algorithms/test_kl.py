@@ -80,3 +80,14 @@ def test_fixed_kl_controller_never_changes():
 def test_adaptive_kl_controller_rejects_bad_target():
     with pytest.raises(ValueError, match="target_kl"):
         AdaptiveKLController(0.1, 0.0, 100)
+
+
+def test_kl_controller_is_chosen_by_config_type():
+    from openmanus_rl_core.algorithms import AdaptiveKLController, FixedKLController, make_kl_controller
+
+    fixed = make_kl_controller(type="fixed", kl_coef=0.05)
+    assert isinstance(fixed, FixedKLController) and fixed.value == 0.05
+    adaptive = make_kl_controller(type="adaptive", kl_coef=0.2, target_kl=0.1, horizon=100)
+    assert isinstance(adaptive, AdaptiveKLController) and adaptive.value == 0.2
+    with pytest.raises(ValueError, match="unknown algorithm.kl_ctrl.type 'adaptiv'; use one of fixed, adaptive"):
+        make_kl_controller(type="adaptiv")
