@@ -134,7 +134,7 @@ def _write_file(path: Path, write) -> dict:
     return {"size": w.size, "sha256": w.sha.hexdigest()}
 
 
-def _fsync_dir(d: Path) -> None:
+def fsync_dir(d: Path) -> None:
     try:
         fd = os.open(d, os.O_RDONLY)
     except OSError:
@@ -186,7 +186,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, state: dict, keep_las
         files[META] = _write_file(tmp / META, lambda f: f.write(json.dumps(meta, indent=2).encode()))
         manifest = {"format": FORMAT, "step": int(step), "keys": list(clean), "files": files}
         _write_file(tmp / MARKER, lambda f: f.write(json.dumps(manifest, indent=2).encode()))  # last
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():
             old = root / f"{name}.old-{secrets.token_hex(6)}"
             os.rename(final, old)
@@ -194,7 +194,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, state: dict, keep_las
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

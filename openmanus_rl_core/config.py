@@ -9,11 +9,28 @@ from __future__ import annotations
 
 import importlib.resources
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
 from openmanus_rl_core.plugins import make_plugin_manager
+
+
+def select(cfg: Any, dotted: str, default: Any = None) -> Any:
+    """``cfg.a.b`` for ``"a.b"``, or ``default`` when a key is missing or null.
+
+    Works on a DictConfig, plain dicts and attribute objects; a missing key in a struct-mode DictConfig or an
+    unresolvable interpolation reads as missing.
+    """
+    node = cfg
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        try:
+            node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
+        except Exception:
+            return default
+    return default if node is None else node
 
 
 def core_config_dir() -> Path:

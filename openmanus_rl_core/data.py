@@ -38,6 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from openmanus_rl_core.config import select
+
 __all__ = [
     "DataError",
     "COLUMNS",
@@ -210,6 +212,14 @@ def _struct_ground_truth(table: pa.Table) -> list | None:
 
 
 # ------------------------------------------------------------------------------------------ writing
+def _same(v: Any) -> Any:
+    return v
+
+
+# How a column's python values are stored: ``extra`` holds JSON text.
+_ENCODE = {"extra": lambda v: None if v is None or isinstance(v, str) else json.dumps(v)}
+
+
 def write_tasks(path: str | os.PathLike, tasks: Sequence[dict]) -> Path:
     """Write ``tasks`` to ``path`` atomically (a temporary file in the same folder, fsync, rename).
 
@@ -223,9 +233,7 @@ def write_tasks(path: str | os.PathLike, tasks: Sequence[dict]) -> Path:
         keys.extend(k for k in t if k not in keys)
     arrays, fields = [], []
     for k in keys:
-        values = [t.get(k) for t in tasks]
-        if k == "extra":
-            values = [None if v is None else v if isinstance(v, str) else json.dumps(v) for v in values]
+        values = [_ENCODE.get(k, _same)(t.get(k)) for t in tasks]
         if k in COLUMNS:
             if all(v is None for v in values) and k not in _INT_COLUMNS:
                 continue  # an all-None optional column says nothing; leave it out
@@ -251,7 +259,9 @@ def write_tasks(path: str | os.PathLike, tasks: Sequence[dict]) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    from openmanus_rl_core.checkpoint import fsync_dir  # the checkpoint module owns durability; imported late (torch)
+
+    fsync_dir(path.parent)
     return path
 
 
@@ -262,18 +272,6 @@ def _fits(v: Any, typ: pa.DataType) -> bool:
     except (pa.ArrowException, TypeError, ValueError):
         return False
 
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on a directory; the rename is still atomic
-        pass
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------ sampler
@@ -381,17 +379,6 @@ def generate_tasks(env: str, train_tasks: int, val_tasks: int, seed: int = 0,
     return rows([wrap(i) for i in range(train_tasks)], "train"), rows(val_ids, "val")
 
 
-def _sel(cfg: Any, dotted: str, default: Any = None) -> Any:
-    """``cfg.a.b``, or ``default`` when a key is missing or null (DictConfig, dict or attribute objects)."""
-    node = cfg
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        try:
-            node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
-        except Exception:  # a missing key in a struct-mode DictConfig, or an unresolvable interpolation
-            return default
-    return default if node is None else node
 
 
 def _env_num_tasks(cfg: Any) -> int | None:
@@ -400,14 +387,14 @@ def _env_num_tasks(cfg: Any) -> int | None:
     Building the env can fail (an AgentGym server not running); then the count is unknown and the
     ids are not wrapped.
     """
-    configured = _sel(cfg, "env.num_tasks")
+    configured = select(cfg, "env.num_tasks")
     if configured is not None:
         return int(configured)
     from openmanus_rl_core.registry import PluginLoadError, registry
 
-    name = _sel(cfg, "env.name")
+    name = select(cfg, "env.name")
     factory = registry("env").get(name)  # an unknown name raises here, with close matches suggested
-    kwargs = _sel(cfg, "env.kwargs", {}) or {}
+    kwargs = select(cfg, "env.kwargs", {}) or {}
     try:
         from omegaconf import OmegaConf
 
@@ -439,12 +426,12 @@ def _add_env_task_fields(cfg: Any, *splits: list[dict]) -> None:
     from openmanus_rl_core.registry import PluginError, registry
 
     try:
-        factory = registry("env").get(_sel(cfg, "env.name"))
+        factory = registry("env").get(select(cfg, "env.name"))
     except PluginError:  # not installed / not importable here: the rows stay as generated (as before)
         return
     if not callable(getattr(factory, "task_fields", None)):
         return
-    kwargs = _sel(cfg, "env.kwargs", {}) or {}
+    kwargs = select(cfg, "env.kwargs", {}) or {}
     from omegaconf import OmegaConf
 
     kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else dict(kwargs)
@@ -461,12 +448,12 @@ def _add_env_task_fields(cfg: Any, *splits: list[dict]) -> None:
 
 
 def _write_split_files(cfg: Any, out_dir: Path, which: Sequence[str] = ("train", "val")) -> dict[str, Path]:
-    env = _sel(cfg, "env.name")
+    env = select(cfg, "env.name")
     if not env:
         raise DataError("no env selected: pass env=<name> (`openmanus-rl plugins env` lists the installed ones)")
-    train_n = _sel(cfg, "env.train_tasks", _sel(cfg, "data.train_tasks", 256))
-    val_n = _sel(cfg, "env.val_tasks", _sel(cfg, "data.val_tasks", 64))
-    seed = _sel(cfg, "data.seed", _sel(cfg, "seed", 0))
+    train_n = select(cfg, "env.train_tasks", select(cfg, "data.train_tasks", 256))
+    val_n = select(cfg, "env.val_tasks", select(cfg, "data.val_tasks", 64))
+    seed = select(cfg, "data.seed", select(cfg, "seed", 0))
     train, val = generate_tasks(str(env), int(train_n), int(val_n), int(seed), _env_num_tasks(cfg))
     _add_env_task_fields(cfg, train, val)
     out = {}
@@ -478,7 +465,7 @@ def _write_split_files(cfg: Any, out_dir: Path, which: Sequence[str] = ("train",
 
 def make(cfg: Any) -> int:
     """``openmanus-rl data make env=<name>``: write ``train.parquet`` and ``val.parquet`` into ``data.dir``."""
-    out_dir = _sel(cfg, "data.dir")
+    out_dir = select(cfg, "data.dir")
     if not out_dir:
         raise DataError("data.dir is not set; pass data.dir=<folder>")
     paths = _write_split_files(cfg, Path(str(out_dir)).expanduser())
@@ -495,7 +482,7 @@ def ensure_task_files(cfg: Any, out_dir: str | os.PathLike) -> tuple[Any, Any]:
     would) into ``out_dir/train.parquet`` / ``out_dir/val.parquet``; set ones are returned as given
     (a path or a list of paths) after checking that they exist.
     """
-    given = {"train": _sel(cfg, "data.train_files"), "val": _sel(cfg, "data.val_files")}
+    given = {"train": select(cfg, "data.train_files"), "val": select(cfg, "data.val_files")}
     for split, files in given.items():
         if files is not None:
             for f in ([files] if isinstance(files, (str, os.PathLike)) else list(files)):

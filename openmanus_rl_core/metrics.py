@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from openmanus_rl_core.config import select
+
 __all__ = [
     "MetricsLogger",
     "read_metrics",
@@ -301,16 +303,6 @@ def reduce_metrics(items: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     return {k: (sums[k] / counts[k] if counts[k] else float("nan")) for k in sums}
 
 
-def _cfg_get(cfg: Any, dotted: str, default: Any = None) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        try:
-            node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
-        except Exception:  # a missing key in a struct-mode config
-            return default
-    return default if node is None else node
 
 
 def make_run_dir(cfg: Any, now: _dt.datetime | None = None, announce: bool = True) -> Path:
@@ -320,13 +312,13 @@ def make_run_dir(cfg: Any, now: _dt.datetime | None = None, announce: bool = Tru
     ``<cfg.trainer.output_dir or "outputs">/<YYYY-MM-DD>/<HH-MM-SS>-<env name>`` (with ``-1``,
     ``-2``... appended if two runs start in the same second).
     """
-    explicit = _cfg_get(cfg, "trainer.run_dir")
+    explicit = select(cfg, "trainer.run_dir")
     if explicit:
         path = Path(str(explicit)).expanduser()
     else:
         now = now or _dt.datetime.now()
-        env = str(_cfg_get(cfg, "env.name", "run")).replace("/", "_").replace(":", "_")
-        base = Path(str(_cfg_get(cfg, "trainer.output_dir", "outputs"))).expanduser()
+        env = str(select(cfg, "env.name", "run")).replace("/", "_").replace(":", "_")
+        base = Path(str(select(cfg, "trainer.output_dir", "outputs"))).expanduser()
         stem = base / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S')}-{env}"
         path, i = stem, 0
         while True:  # mkdir without exist_ok: two runs starting in the same second get distinct folders

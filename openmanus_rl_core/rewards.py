@@ -229,11 +229,8 @@ def _to_score(label: str, value: Any) -> tuple[float, dict[str, float]]:
     if isinstance(value, Mapping):
         if "score" not in value:
             raise ValueError(f"returned a dict without a 'score' key (keys: {sorted(value)})")
-        for k, v in value.items():
-            if k == "score":
-                continue
-            if isinstance(v, numbers.Real) and math.isfinite(float(v)):
-                extras[f"{label}/{k}"] = float(v)
+        extras = {f"{label}/{k}": float(v) for k, v in value.items()
+                  if k != "score" and isinstance(v, numbers.Real) and math.isfinite(float(v))}
         value = value["score"]
     if isinstance(value, bool):
         value = float(value)

@@ -31,19 +31,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from openmanus_rl_core.config import select
+
 __all__ = ["rollout", "load_task_rows", "episode_record", "write_jsonl", "write_html"]
 
 
-def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        try:
-            node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
-        except Exception:  # an unresolvable interpolation reads as missing
-            return default
-    return default if node is None else node
 
 
 def _container(value: Any) -> Any:
@@ -60,7 +52,7 @@ def _container(value: Any) -> Any:
 # ------------------------------------------------------------------------------------------------- tasks
 def load_task_rows(cfg: Any) -> list[dict[str, Any]]:
     """The tasks this rollout runs (see the module docstring for the order of sources)."""
-    path = _get(cfg, "rollout.tasks_file") or _get(cfg, "data.val_files")
+    path = select(cfg, "rollout.tasks_file") or select(cfg, "data.val_files")
     if path:
         paths = _container(path)
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -76,13 +68,13 @@ def load_task_rows(cfg: Any) -> list[dict[str, Any]]:
                 from openmanus_rl_core.data import load_tasks
 
                 rows.extend(load_tasks(str(p)))
-        limit = _get(cfg, "rollout.num_tasks")
-        if limit and _get(cfg, "rollout.tasks_file") is None and _get(cfg, "data.val_files"):
+        limit = select(cfg, "rollout.num_tasks")
+        if limit and select(cfg, "rollout.tasks_file") is None and select(cfg, "data.val_files"):
             rows = rows[: int(limit)]
         return rows
-    n = int(_get(cfg, "rollout.num_tasks", 16))
-    offset = int(_get(cfg, "rollout.task_offset", 0))
-    seed = int(_get(cfg, "seed", 0))
+    n = int(select(cfg, "rollout.num_tasks", 16))
+    offset = int(select(cfg, "rollout.task_offset", 0))
+    seed = int(select(cfg, "seed", 0))
     return [{"task_id": offset + i, "seed": seed + offset + i} for i in range(n)]
 
 
@@ -237,11 +229,11 @@ def write_html(path: str | Path, records: Sequence[Mapping[str, Any]], summary: 
 def _build(kind: str, node: Any, what: str):
     from openmanus_rl_core.registry import registry
 
-    name = _get(node, "name")
+    name = select(node, "name")
     if not name:
         raise ValueError(f"{what}.name is not set; choose one with `{what}=<option>` "
                          f"(`openmanus-rl plugins {kind}` lists them)")
-    kwargs = dict(_container(_get(node, "kwargs", {}) or {}))
+    kwargs = dict(_container(select(node, "kwargs", {}) or {}))
     return registry(kind).build(str(name), **kwargs)
 
 
@@ -255,14 +247,14 @@ def rollout(cfg: Any) -> int:
     from openmanus_rl_core.rollout import (AgentLoop, RolloutConfig, build_batch, expand_tasks, rollout_metrics,
                                            tokenizer_corpus)
 
-    seed = int(_get(cfg, "seed", 0))
+    seed = int(select(cfg, "seed", 0))
     torch.manual_seed(seed)
-    rcfg_node = _get(cfg, "rollout", {}) or {}
+    rcfg_node = select(cfg, "rollout", {}) or {}
     rcfg = RolloutConfig.from_cfg(rcfg_node)
-    if _get(cfg, "env") is None:
+    if select(cfg, "env") is None:
         raise ValueError("no env selected; run e.g. `openmanus-rl rollout env=key_door`")
-    env_node = _get(cfg, "env")
-    env_name, env_kwargs = str(_get(env_node, "name")), dict(_container(_get(env_node, "kwargs", {}) or {}))
+    env_node = select(cfg, "env")
+    env_name, env_kwargs = str(select(env_node, "name")), dict(_container(select(env_node, "kwargs", {}) or {}))
     env_cls = registry("env").get(env_name)  # resolved once: each registry lookup reads package metadata
 
     def env_factory():
@@ -271,33 +263,33 @@ def rollout(cfg: Any) -> int:
         except TypeError as exc:
             raise TypeError(f"cannot build env {env_name!r} with arguments {sorted(env_kwargs)}: {exc}") from exc
 
-    template = _build("template", _get(cfg, "template"), "template") if _get(cfg, "template") else None
+    template = _build("template", select(cfg, "template"), "template") if select(cfg, "template") else None
     if template is None:
         raise ValueError("no template selected; run e.g. `openmanus-rl rollout template=react`")
-    components = _container(_get(cfg, "reward.components"))
+    components = _container(select(cfg, "reward.components"))
     composer = RewardComposer.from_config(components) if components else None
-    allocator_node = _get(cfg, "allocator")
+    allocator_node = select(cfg, "allocator")
     allocator = _build("allocator", allocator_node, "allocator") if allocator_node else \
         registry("allocator").build("last_token")
 
     tasks = load_task_rows(cfg)
     if not tasks:
         raise ValueError("no tasks to run: set rollout.num_tasks > 0 or point rollout.tasks_file at a task file")
-    model_cfg = _get(cfg, "model", {}) or {}
+    model_cfg = select(cfg, "model", {}) or {}
     corpus = None
-    if not _get(model_cfg, "path"):
+    if not select(model_cfg, "path"):
         # The embedded tiny model: its tokenizer learns from what the agent will read and write.
         corpus = tokenizer_corpus(env_factory, template, tasks[: min(len(tasks), 64)], max_turns=rcfg.max_turns)
     model, tokenizer = load_model_and_tokenizer(model_cfg, corpus=corpus)
-    engine_kwargs = dict(_container(_get(rcfg_node, "engine_kwargs", {}) or {}))
-    engine_kwargs.setdefault("device", str(_get(rcfg_node, "device", "cpu")))
+    engine_kwargs = dict(_container(select(rcfg_node, "engine_kwargs", {}) or {}))
+    engine_kwargs.setdefault("device", str(select(rcfg_node, "device", "cpu")))
     engine_kwargs.setdefault("seed", seed)
-    engine = registry("engine").build(str(_get(rcfg_node, "engine", "hf")), model=model, tokenizer=tokenizer,
+    engine = registry("engine").build(str(select(rcfg_node, "engine", "hf")), model=model, tokenizer=tokenizer,
                                       **engine_kwargs)
     loop = AgentLoop(engine, tokenizer, template, env_factory, rcfg)
 
     expanded = expand_tasks(tasks, rcfg.n)
-    per_run = max(1, int(_get(rcfg_node, "batch_size", 64)))
+    per_run = max(1, int(select(rcfg_node, "batch_size", 64)))
     per_run = max(rcfg.n, per_run - per_run % rcfg.n)  # keep the samples of one task in one run
     episodes = []
     t0 = time.perf_counter()
@@ -315,13 +307,13 @@ def rollout(cfg: Any) -> int:
     rewards = [float(r) for r in batch["reward"]]
     metrics["rollout/reward/mean"] = sum(rewards) / len(rewards)
 
-    out_dir = _get(rcfg_node, "output_dir")
+    out_dir = select(rcfg_node, "output_dir")
     out_dir = Path(str(out_dir)) if out_dir else Path("outputs") / time.strftime("rollout-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     records = [episode_record(e, breakdowns[i] if breakdowns is not None else None, i) for i, e in enumerate(episodes)]
     write_jsonl(out_dir / "trajectories.jsonl", records)
     summary = {
-        "env": env_name, "template": str(_get(cfg, "template.name")), "episodes": len(episodes),
+        "env": env_name, "template": str(select(cfg, "template.name")), "episodes": len(episodes),
         "success rate": metrics["rollout/success_rate"], "mean reward": metrics["rollout/reward/mean"],
         "mean turns": metrics["rollout/turns/mean"], "turns/s": metrics.get("rollout/turns_per_s", 0.0),
         "episodes/s": metrics.get("rollout/episodes_per_s", 0.0),

@@ -29,17 +29,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from openmanus_rl_core.config import select
+
 __all__ = ["train", "evaluate", "Trainer"]
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        node = node.get(part) if isinstance(node, Mapping) else getattr(node, part, None)
-    return default if node is None else node
 
 
 def _plain(cfg: Any) -> dict:
@@ -148,13 +143,13 @@ class Trainer:
 
         cfg = self.cfg
         self.t_start = time.perf_counter()
-        self.seed = int(_get(cfg, "seed", 0))
+        self.seed = int(select(cfg, "seed", 0))
         _seed_all(self.seed)
-        torch.set_num_threads(max(1, int(_get(cfg, "trainer.driver_threads", 0) or os.cpu_count() or 1)))
-        self.total_steps = int(_get(cfg, "trainer.total_steps", 1))
+        torch.set_num_threads(max(1, int(select(cfg, "trainer.driver_threads", 0) or os.cpu_count() or 1)))
+        self.total_steps = int(select(cfg, "trainer.total_steps", 1))
         self.run_dir = make_run_dir(self.cfg_node)
         # Resume: the newest complete checkpoint of this run directory (auto) or a given checkpoint path.
-        resume = _get(cfg, "trainer.resume")
+        resume = select(cfg, "trainer.resume")
         self.resume_path = None
         if resume in ("auto", True, "true"):
             self.resume_path = latest_checkpoint(self.run_dir)
@@ -171,23 +166,23 @@ class Trainer:
         train_files, val_files = ensure_task_files(self.cfg_node, data_dir)
         self.train_tasks = load_tasks(train_files)
         self.val_tasks = load_tasks(val_files)
-        vmax = _get(cfg, "trainer.val_max_tasks")
+        vmax = select(cfg, "trainer.val_max_tasks")
         if vmax:
             self.val_tasks = self.val_tasks[: int(vmax)]
-        self.sampler = TaskSampler(self.train_tasks, int(_get(cfg, "data.train_batch_size", 8)),
-                                   seed=int(_get(cfg, "data.seed", self.seed)),
-                                   shuffle=bool(_get(cfg, "data.shuffle", True)))
+        self.sampler = TaskSampler(self.train_tasks, int(select(cfg, "data.train_batch_size", 8)),
+                                   seed=int(select(cfg, "data.seed", self.seed)),
+                                   shuffle=bool(select(cfg, "data.shuffle", True)))
 
         # Components used on the driver.
         self.template = registry("template").build(cfg["template"]["name"], **(cfg["template"].get("kwargs") or {}))
         env_name, env_kwargs = cfg["env"]["name"], dict(cfg["env"].get("kwargs") or {})
         env_cls = registry("env").get(env_name)  # resolved once: a lookup reads package metadata
         self.env_factory = lambda: env_cls(**env_kwargs)
-        self.composer = RewardComposer.from_config(_get(cfg, "reward.components", {}))
+        self.composer = RewardComposer.from_config(select(cfg, "reward.components", {}))
         acfg = cfg["allocator"]
         self.allocator = registry("allocator").build(acfg["name"], **(acfg.get("kwargs") or {}))
         self.algo = dict(cfg["algorithm"])
-        self.n = int(_get(cfg, "rollout.n", 1) or 1)
+        self.n = int(select(cfg, "rollout.n", 1) or 1)
         self.estimator = registry("advantage").get(str(self.algo["adv_estimator"]))
         self.use_critic = bool(self.algo.get("use_critic", False))
         self.kl_ctrl = self._kl_controller()
@@ -210,25 +205,25 @@ class Trainer:
         from openmanus_rl_core.warmup import build_corpus
 
         cfg = self.cfg
-        path = _get(cfg, "model.path")
+        path = select(cfg, "model.path")
         if path:
             model_dir = Path(str(path)).expanduser()
             if not model_dir.exists():
                 raise FileNotFoundError(f"model.path={path!r} does not exist; give a local Hugging Face model folder")
         else:
-            model_dir = Path(str(_get(cfg, "model.save_dir") or self.run_dir / "model"))
+            model_dir = Path(str(select(cfg, "model.save_dir") or self.run_dir / "model"))
             # What the built model depends on; a folder built from something else is rebuilt.
             recipe = json.dumps({"tiny": cfg["model"].get("tiny"), "dtype": cfg["model"].get("dtype"),
                                  "env": cfg["env"], "template": cfg["template"],
-                                 "corpus_tasks": _get(cfg, "model.corpus_tasks"),
+                                 "corpus_tasks": select(cfg, "model.corpus_tasks"),
                                  "train_tasks": [[t["task_id"], t["seed"]] for t in self.train_tasks]},
                                 sort_keys=True, default=str)
             stamp = model_dir / "omrl_recipe.json"
             if not (model_dir / "config.json").exists() or not stamp.exists() or stamp.read_text() != recipe:
                 t0 = time.perf_counter()
-                n_corpus = int(_get(cfg, "model.corpus_tasks", 0) or len(self.train_tasks))
+                n_corpus = int(select(cfg, "model.corpus_tasks", 0) or len(self.train_tasks))
                 corpus = build_corpus(self.env_factory, self.template, self.train_tasks[:n_corpus],
-                                      int(_get(cfg, "rollout.max_turns", 4)))
+                                      int(select(cfg, "rollout.max_turns", 4)))
                 load_model_and_tokenizer(cfg["model"], corpus, save_dir=model_dir)
                 stamp.write_text(recipe)
                 self.log(f"built the tiny model and its tokenizer ({len(corpus)} corpus texts) in "
@@ -244,26 +239,26 @@ class Trainer:
         from openmanus_rl_core.workers import ActorWorker, CriticWorker, WorkerGroup
 
         cfg = self.cfg
-        address = _get(cfg, "trainer.ray_address")
+        address = select(cfg, "trainer.ray_address")
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False,
-                                      "log_to_driver": bool(_get(cfg, "trainer.log_to_driver", True)),
+                                      "log_to_driver": bool(select(cfg, "trainer.log_to_driver", True)),
                                       "configure_logging": True, "logging_level": "warning"}
             if address:
                 ray.init(address=str(address), **kwargs)
             else:
-                num_cpus = _get(cfg, "trainer.num_cpus") or os.cpu_count() or 1
+                num_cpus = select(cfg, "trainer.num_cpus") or os.cpu_count() or 1
                 ray.init(num_cpus=int(num_cpus), **kwargs)
             self.ray_started = True
-        W = int(_get(cfg, "trainer.num_workers", 2))
+        W = int(select(cfg, "trainer.num_workers", 2))
         groups = 2 if self.use_critic else 1
-        cpus = _get(cfg, "trainer.worker_num_cpus")
+        cpus = select(cfg, "trainer.worker_num_cpus")
         if cpus is None:  # share what the cluster has among every worker (logical CPUs only schedule actors)
             total = float(ray.cluster_resources().get("CPU", 1.0))
             cpus = min(1.0, total / (W * groups))
-        gpus = _get(cfg, "trainer.worker_num_gpus")
+        gpus = select(cfg, "trainer.worker_num_gpus")
         if gpus is None:
-            have_gpu = float(ray.cluster_resources().get("GPU", 0.0)) > 0 and str(_get(cfg, "trainer.device", "auto")) != "cpu"
+            have_gpu = float(ray.cluster_resources().get("GPU", 0.0)) > 0 and str(select(cfg, "trainer.device", "auto")) != "cpu"
             gpus = (1.0 / groups) if have_gpu else 0.0
         have_gpus = float(ray.cluster_resources().get("GPU", 0.0))
         if gpus and W * groups * float(gpus) > have_gpus + 1e-9:
@@ -272,7 +267,7 @@ class Trainer:
                 f"but the Ray cluster has {have_gpus:g}; set trainer.num_workers to at most the GPU count "
                 f"(NCCL cannot put two ranks of one group on one GPU) or trainer.device=cpu")
         t0 = time.perf_counter()
-        strategy = str(_get(cfg, "trainer.placement_strategy", "SPREAD"))
+        strategy = str(select(cfg, "trainer.placement_strategy", "SPREAD"))
         self.actor = WorkerGroup(ActorWorker, W, cfg, num_cpus=float(cpus), num_gpus=float(gpus), name="actor",
                                  placement_strategy=strategy, model_dir=self.model_dir, total_steps=self.total_steps)
         if self.use_critic:
@@ -297,8 +292,8 @@ class Trainer:
         t0 = time.perf_counter()
         tasks = [dict(t, group_id=f"val:{i}") for i, t in enumerate(self.val_tasks)]
         tasks = expand_tasks(tasks, 1)
-        overrides = {"n": 1, "greedy": bool(_get(self.cfg, "trainer.val_greedy", True)),
-                     "temperature": float(_get(self.cfg, "trainer.val_temperature", 1.0))}
+        overrides = {"n": 1, "greedy": bool(select(self.cfg, "trainer.val_greedy", True)),
+                     "temperature": float(select(self.cfg, "trainer.val_temperature", 1.0))}
         episodes = self._rollout(tasks, overrides, keep_rng=True)
         trajs = [e.trajectory for e in episodes]
         breakdowns, rmetrics = self.composer.compose_batch(trajs)
@@ -315,8 +310,8 @@ class Trainer:
             if k in ro:
                 out[f"{prefix}/{k.split('/', 1)[1]}"] = ro[k]
         out[f"timing/{prefix}"] = time.perf_counter() - t0
-        if _get(self.cfg, "trainer.val_samples_to_log", 0):
-            k = int(_get(self.cfg, "trainer.val_samples_to_log", 0))
+        if select(self.cfg, "trainer.val_samples_to_log", 0):
+            k = int(select(self.cfg, "trainer.val_samples_to_log", 0))
             for e in episodes[:k]:
                 self.log(f"  [{prefix} sample] task {e.trajectory.task_id}: "
                          + " | ".join(repr(t.response) for t in e.trajectory.turns))
@@ -335,7 +330,7 @@ class Trainer:
         # Demonstrations come from the training tasks only (never the validation tasks).
         demo_tasks = self.train_tasks[:n_demo]
         demos = build_demonstrations(self.env_factory, self.template, self.tokenizer, demo_tasks,
-                                     int(_get(self.cfg, "rollout.max_turns", 4)))
+                                     int(select(self.cfg, "rollout.max_turns", 4)))
 
         def step_fn(shards, lr):
             return self.actor.call_each("sft_update", [(s, lr, float(wcfg.get("grad_clip", 1.0)))
@@ -372,7 +367,7 @@ class Trainer:
             with timer("reward"):
                 breakdowns, reward_metrics = self.composer.compose_batch(trajectories)
                 batch = build_batch(episodes, breakdowns, self.allocator, self.pad_token_id,
-                                    bool(_get(self.cfg, "rollout.keep_env_errors", False)))
+                                    bool(select(self.cfg, "rollout.keep_env_errors", False)))
             ro_metrics = rollout_metrics(episodes, elapsed_s=timer.timings["rollout"])
             self.pm.hook.openmanus_rl_rollout_end(trajectories=trajectories,
                                                   metrics={**reward_metrics, **ro_metrics}, step=step)
@@ -390,8 +385,8 @@ class Trainer:
             lean = [s.select(keys) for s in shards]
             # Old log-probs: recomputed when the update is off-policy within the step (several mini-batches or
             # epochs) or when a KL penalty needs them; otherwise the update uses the detached current ones.
-            epochs = int(_get(self.cfg, "actor.ppo_epochs", 1) or 1)
-            mini = _get(self.cfg, "actor.ppo_mini_batch_size")
+            epochs = int(select(self.cfg, "actor.ppo_epochs", 1) or 1)
+            mini = select(self.cfg, "actor.ppo_mini_batch_size")
             multi = epochs > 1 or (mini is not None and int(mini) < len(batch))
             recompute = str(algo.get("recompute_old_log_probs", "auto")).lower()  # YAML gives true as a bool
             use_kl_reward = bool(algo.get("use_kl_in_reward", False))
@@ -402,7 +397,7 @@ class Trainer:
             elif need_old or use_kl_reward or use_kl_loss:
                 with timer("old_log_prob"):
                     outs = self.actor.call_each("compute_log_probs", [(s,) for s in lean],
-                                                micro_batch_size=_get(self.cfg, "actor.log_prob_micro_batch_size"),
+                                                micro_batch_size=select(self.cfg, "actor.log_prob_micro_batch_size"),
                                                 with_ref=use_kl_reward or use_kl_loss, with_old=need_old)
                 if need_old:
                     batch["old_log_probs"] = _cat_rows([o["old_log_probs"] for o in outs], pad)
@@ -446,12 +441,12 @@ class Trainer:
                     ckeys = keys + ["values", "returns"]
                     cms = self.critic.call_each("update", [(s.select(ckeys), step, algo) for s in shards])
                 metrics.update(_avg(cms))
-            critic_warmup = int(_get(self.cfg, "critic.warmup_steps", 0) or 0)
+            critic_warmup = int(select(self.cfg, "critic.warmup_steps", 0) or 0)
             if step > critic_warmup:
                 with timer("update_actor"):
                     akeys = keys + ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
                     algo_call = dict(algo)
-                    algo_call["debug_nan_step"] = _get(self.cfg, "trainer.debug_nan_step")
+                    algo_call["debug_nan_step"] = select(self.cfg, "trainer.debug_nan_step")
                     ams = self.actor.call_each("update", [(s.select(akeys), step, algo_call) for s in shards])
                 am = _avg(ams)
                 metrics.update(am)
@@ -487,14 +482,14 @@ class Trainer:
                         "kl_coef": float(self.kl_ctrl.value), "total_steps": int(self.total_steps),
                         "warmup_done": True},
             "meta": {"model_dir": str(self.model_dir), "step": int(step), "config": self.cfg,
-                     "lora": bool(_get(self.cfg, "model.lora.enabled", False))},
+                     "lora": bool(select(self.cfg, "model.lora.enabled", False))},
         }
         if self.critic is not None:
             critic_states = self.critic.call("get_state")
             state["critic"] = {"model": critic_states[0]["model"], "optimizer": critic_states[0]["optimizer"],
                                "scheduler": critic_states[0]["scheduler"]}
             state["rng"]["critic"] = [s["rng"] for s in critic_states]
-        keep = _get(self.cfg, "trainer.max_checkpoints")
+        keep = select(self.cfg, "trainer.max_checkpoints")
         path = save_checkpoint(self.run_dir, step, state, keep_last=int(keep) if keep else None)
         self.log(f"checkpoint: {path} ({time.perf_counter() - t0:.1f}s)")
         return path
@@ -538,17 +533,17 @@ class Trainer:
             start_step = self.restore(self.resume_path)
             self.log(f"resumed from {self.resume_path} (step {start_step})")
         # A fresh start drops whatever an earlier, checkpoint-less attempt in this run directory logged.
-        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=bool(_get(cfg, "trainer.tensorboard", True)),
+        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=bool(select(cfg, "trainer.tensorboard", True)),
                                             resume_step=start_step if self.resume_path is not None else -1)
         self.pm.hook.openmanus_rl_run_start(cfg=self.cfg_node, run_dir=str(self.run_dir))
-        val_freq = int(_get(cfg, "trainer.val_freq", 0) or 0)
-        save_freq = int(_get(cfg, "trainer.save_freq", 0) or 0)
+        val_freq = int(select(cfg, "trainer.val_freq", 0) or 0)
+        save_freq = int(select(cfg, "trainer.save_freq", 0) or 0)
         last: dict[str, float] = {}
         last_val: dict[str, float] = {}
         try:
             if self.resume_path is None:
                 first: dict[str, float] = {}
-                if _get(cfg, "trainer.val_before_train", True):
+                if select(cfg, "trainer.val_before_train", True):
                     first.update(self.validate(0))
                     self.log(f"step 0 (untrained): val reward {first['val/reward_mean']:.3f}, "
                              f"success {first['val/success_rate']:.3f}")
@@ -556,7 +551,7 @@ class Trainer:
                 if wm:
                     first.update(wm)
                     msg = f"warm-up: {int(wm['warmup/steps'])} steps in {wm['warmup/seconds']:.1f}s, loss {wm['warmup/loss']:.4f}"
-                    if _get(cfg, "warmup.validate", True):
+                    if select(cfg, "warmup.validate", True):
                         post = self.validate(0, prefix="warmup/val")
                         first.update(post)
                         msg += (f"; val reward after warm-up {post['warmup/val/reward_mean']:.3f}, "
@@ -567,13 +562,13 @@ class Trainer:
                     self.metrics_logger.log(0, first)
                     last_val = {k: v for k, v in first.items() if k.startswith("val/")}
             self.bar = ProgressBar(self.total_steps, initial=start_step,
-                                   disable=not bool(_get(cfg, "trainer.progress", True)))
+                                   disable=not bool(select(cfg, "trainer.progress", True)))
             self.log.bar = self.bar.bar
             ckpt_seconds = None
             for step in range(start_step + 1, self.total_steps + 1):
                 metrics = self.train_step(step)
                 is_last = step == self.total_steps
-                if (val_freq and step % val_freq == 0) or (is_last and _get(cfg, "trainer.val_at_end", True)):
+                if (val_freq and step % val_freq == 0) or (is_last and select(cfg, "trainer.val_at_end", True)):
                     metrics.update(self.validate(step))
                     last_val = {k: v for k, v in metrics.items() if k.startswith("val/")}
                 metrics["time/elapsed_s"] = time.perf_counter() - self.t_start
@@ -586,7 +581,7 @@ class Trainer:
                 self.pm.hook.openmanus_rl_step_end(step=step, metrics=metrics)
                 self.bar.update(step, metrics)
                 last = metrics
-                if (save_freq and step % save_freq == 0) or (is_last and _get(cfg, "trainer.save_at_end", True)):
+                if (save_freq and step % save_freq == 0) or (is_last and select(cfg, "trainer.save_at_end", True)):
                     t0 = time.perf_counter()
                     self.save(step)
                     ckpt_seconds = time.perf_counter() - t0
@@ -657,9 +652,9 @@ def evaluate(cfg: Any) -> int:
 
     _quiet_transformers()
     c = _plain(cfg)
-    seed = int(_get(c, "seed", 0))
+    seed = int(select(c, "seed", 0))
     _seed_all(seed)
-    ckpt = _get(c, "trainer.checkpoint")
+    ckpt = select(c, "trainer.checkpoint")
     model_cfg = dict(c.get("model") or {})
     state = None
     if ckpt:
@@ -677,7 +672,7 @@ def evaluate(cfg: Any) -> int:
                                         "pass model.path=<the HF folder the run started from>")
             model_dir = str(cand)
         print(f"checkpoint: {path} (step {meta.get('step')})")
-    elif _get(c, "model.path"):
+    elif select(c, "model.path"):
         model_dir = str(Path(str(c["model"]["path"])).expanduser())
     else:
         raise SystemExit("eval needs trainer.checkpoint=<checkpoint folder or run directory> or model.path=<HF folder>")
@@ -688,28 +683,28 @@ def evaluate(cfg: Any) -> int:
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True,
                                                  dtype=_dtype(model_cfg.get("dtype", "float32")))
     model = apply_lora(model, model_cfg.get("lora") or {})
-    device = "cuda" if torch.cuda.is_available() and str(_get(c, "trainer.device", "auto")) != "cpu" else "cpu"
-    engine_name = str(_get(c, "rollout.engine", "hf"))
+    device = "cuda" if torch.cuda.is_available() and str(select(c, "trainer.device", "auto")) != "cpu" else "cpu"
+    engine_name = str(select(c, "rollout.engine", "hf"))
     engine = registry("engine").build(engine_name, model=model, tokenizer=tokenizer, device=device, seed=seed,
-                                      **dict(_get(c, "rollout.engine_kwargs", {}) or {}))
+                                      **dict(select(c, "rollout.engine_kwargs", {}) or {}))
     if state is not None:
         engine.update_weights(state["model"])
 
-    out_dir = Path(str(_get(c, "trainer.run_dir") or (Path(str(ckpt)).parent.parent if ckpt else "outputs/eval")))
-    _, val_files = ensure_task_files(cfg, out_dir / "data") if not _get(c, "data.val_files") else (None, c["data"]["val_files"])
+    out_dir = Path(str(select(c, "trainer.run_dir") or (Path(str(ckpt)).parent.parent if ckpt else "outputs/eval")))
+    _, val_files = ensure_task_files(cfg, out_dir / "data") if not select(c, "data.val_files") else (None, c["data"]["val_files"])
     tasks = load_tasks(val_files)
-    vmax = _get(c, "trainer.val_max_tasks")
+    vmax = select(c, "trainer.val_max_tasks")
     if vmax:
         tasks = tasks[: int(vmax)]
     template = registry("template").build(c["template"]["name"], **(c["template"].get("kwargs") or {}))
     env_name, env_kwargs = c["env"]["name"], dict(c["env"].get("kwargs") or {})
     env_cls = registry("env").get(env_name)
-    rcfg = RolloutConfig.from_cfg(c.get("rollout") or {}, n=1, greedy=bool(_get(c, "trainer.val_greedy", True)),
-                                  temperature=float(_get(c, "trainer.val_temperature", 1.0)))
+    rcfg = RolloutConfig.from_cfg(c.get("rollout") or {}, n=1, greedy=bool(select(c, "trainer.val_greedy", True)),
+                                  temperature=float(select(c, "trainer.val_temperature", 1.0)))
     loop = AgentLoop(engine, tokenizer, template, lambda: env_cls(**env_kwargs), rcfg)
     t0 = time.perf_counter()
     episodes = loop.run(expand_tasks([dict(t, group_id=f"eval:{i}") for i, t in enumerate(tasks)], 1))
-    composer = RewardComposer.from_config(_get(c, "reward.components", {}))
+    composer = RewardComposer.from_config(select(c, "reward.components", {}))
     breakdowns, rmetrics = composer.compose_batch([e.trajectory for e in episodes])
     result = {
         "tasks": len(episodes),
@@ -721,7 +716,7 @@ def evaluate(cfg: Any) -> int:
     }
     print(f"eval on {result['tasks']} {env_name} validation tasks: success rate {result['success_rate']:.3f}, "
           f"mean reward {result['reward_mean']:.3f} ({result['seconds']:.1f}s)")
-    dest = _get(c, "trainer.eval_output")
+    dest = select(c, "trainer.eval_output")
     if dest:
         Path(str(dest)).parent.mkdir(parents=True, exist_ok=True)
         Path(str(dest)).write_text(json.dumps(result, indent=2))

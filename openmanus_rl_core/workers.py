@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from openmanus_rl_core.batch import Batch
+from openmanus_rl_core.config import select
 
 __all__ = [
     "WorkerGroup",
@@ -57,14 +58,6 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
-    """``cfg["a"]["b"]`` for ``"a.b"``; ``default`` when a key is missing or null."""
-    node = cfg
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        node = node.get(part) if isinstance(node, Mapping) else getattr(node, part, None)
-    return default if node is None else node
 
 
 def make_lr_lambda(schedule: str, total_steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.0):
@@ -193,11 +186,13 @@ class _DistributedWorker:
 
     role = "worker"
 
-    def __init__(self, cfg: Mapping[str, Any], rank: int, world_size: int):
+    def __init__(self, cfg: Mapping[str, Any], rank: int, world_size: int, model_dir: str, total_steps: int):
         self.cfg = cfg
         self.rank = int(rank)
         self.world_size = int(world_size)
-        torch.set_num_threads(int(_get(cfg, "trainer.torch_threads", 1) or 1))
+        self.model_dir = str(model_dir)  # a Hugging Face folder every rank loads: all ranks start from the same weights
+        self.total_steps = int(total_steps)  # sizes the LR schedule
+        torch.set_num_threads(int(select(cfg, "trainer.torch_threads", 1) or 1))
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         try:  # weight-loading progress bars of every worker would flood the driver's console
             from transformers.utils import logging as hf_logging
@@ -228,11 +223,11 @@ class _DistributedWorker:
 
         self.master_addr, self.master_port = str(master_addr), int(master_port)
 
-        threads = int(_get(self.cfg, "trainer.torch_threads", 1) or 1)
+        threads = int(select(self.cfg, "trainer.torch_threads", 1) or 1)
         torch.set_num_threads(threads)
         os.environ.update({"MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
                            "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0"})
-        want = str(_get(self.cfg, "trainer.device", "auto"))
+        want = str(select(self.cfg, "trainer.device", "auto"))
         use_cuda = torch.cuda.is_available() and want in ("auto", "cuda")
         if want == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("trainer.device=cuda but this worker sees no CUDA device; use trainer.device=cpu")
@@ -245,7 +240,7 @@ class _DistributedWorker:
                                     init_method=f"tcp://{self.master_addr}:{self.master_port}")
         # Broadcasting the gathered (CPU) state dict needs a CPU-capable group also when the main one is NCCL.
         self.cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
-        seed = int(_get(self.cfg, "seed", 0))
+        seed = int(select(self.cfg, "seed", 0))
         self.seed = seed
         self._seed_process(seed * 1000 + 17 * self.rank + (0 if self.role == "actor" else 7))
 
@@ -306,13 +301,13 @@ class _DistributedWorker:
 
 
 def _make_optimizer(params, ocfg: Mapping, total_steps: int):
-    betas = tuple(float(b) for b in (_get(ocfg, "betas", [0.9, 0.999])))
+    betas = tuple(float(b) for b in (select(ocfg, "betas", [0.9, 0.999])))
     optimizer = torch.optim.AdamW(
-        params, lr=float(_get(ocfg, "lr", 1e-5)), betas=betas, eps=float(_get(ocfg, "eps", 1e-8)),
-        weight_decay=float(_get(ocfg, "weight_decay", 0.0)),
+        params, lr=float(select(ocfg, "lr", 1e-5)), betas=betas, eps=float(select(ocfg, "eps", 1e-8)),
+        weight_decay=float(select(ocfg, "weight_decay", 0.0)),
     )
-    lr_lambda = make_lr_lambda(str(_get(ocfg, "lr_schedule", "constant")), total_steps,
-                               int(_get(ocfg, "lr_warmup_steps", 0)), float(_get(ocfg, "min_lr_ratio", 0.0)))
+    lr_lambda = make_lr_lambda(str(select(ocfg, "lr_schedule", "constant")), total_steps,
+                               int(select(ocfg, "lr_warmup_steps", 0)), float(select(ocfg, "min_lr_ratio", 0.0)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
     return optimizer, scheduler
 
@@ -348,11 +343,6 @@ class ActorWorker(_DistributedWorker):
 
     role = "actor"
 
-    def __init__(self, cfg: Mapping[str, Any], rank: int, world_size: int, model_dir: str, total_steps: int):
-        super().__init__(cfg, rank, world_size)
-        self.model_dir = str(model_dir)
-        self.total_steps = int(total_steps)
-
     # ------------------------------------------------------------------------------------------------ set-up
     def setup(self, master_addr: str, master_port: int) -> dict:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -364,13 +354,13 @@ class ActorWorker(_DistributedWorker):
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True, padding_side="left")
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        dtype = _dtype(_get(cfg, "model.dtype", "float32"))
+        dtype = _dtype(select(cfg, "model.dtype", "float32"))
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, local_files_only=True, dtype=dtype)
-        if _get(cfg, "model.gradient_checkpointing", False):
+        if select(cfg, "model.gradient_checkpointing", False):
             model.gradient_checkpointing_enable()
-        model = apply_lora(model, _get(cfg, "model.lora", {}))
+        model = apply_lora(model, select(cfg, "model.lora", {}))
         model.train()
-        self.lora = bool(_get(cfg, "model.lora.enabled", False))
+        self.lora = bool(select(cfg, "model.lora.enabled", False))
         # The rollout engine's unsharded copy (FSDP2 shards in place, so copy first).
         engine_model = copy.deepcopy(model).eval()
         for p in engine_model.parameters():
@@ -379,21 +369,21 @@ class ActorWorker(_DistributedWorker):
         from openmanus_rl_core.registry import registry
 
         self.engine = registry("engine").build(
-            str(_get(cfg, "rollout.engine", "hf")), model=engine_model, tokenizer=self.tokenizer, device=self.device,
-            seed=int(_get(cfg, "seed", 0)) * 1000 + self.rank, **dict(_get(cfg, "rollout.engine_kwargs", {}) or {}))
+            str(select(cfg, "rollout.engine", "hf")), model=engine_model, tokenizer=self.tokenizer, device=self.device,
+            seed=int(select(cfg, "seed", 0)) * 1000 + self.rank, **dict(select(cfg, "rollout.engine_kwargs", {}) or {}))
         # The reference policy (frozen initial weights), only when a KL term needs it.
-        self.use_ref = bool(_get(cfg, "algorithm.use_kl_in_reward", False) or _get(cfg, "algorithm.use_kl_loss", False))
+        self.use_ref = bool(select(cfg, "algorithm.use_kl_in_reward", False) or select(cfg, "algorithm.use_kl_loss", False))
         self.ref = None
         if self.use_ref:
             ref = copy.deepcopy(model).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
-            self.ref = apply_fsdp(ref.to(self.device), _get(cfg, "trainer.mixed_precision"))
-        self.model = apply_fsdp(model.to(self.device), _get(cfg, "trainer.mixed_precision"))
-        self.optim_cfg = _get(cfg, "actor", {}) or {}
+            self.ref = apply_fsdp(ref.to(self.device), select(cfg, "trainer.mixed_precision"))
+        self.model = apply_fsdp(model.to(self.device), select(cfg, "trainer.mixed_precision"))
+        self.optim_cfg = select(cfg, "actor", {}) or {}
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = _make_optimizer(params, self.optim_cfg, self.total_steps)
-        self.temperature = float(_get(cfg, "rollout.temperature", 1.0) or 1.0)
+        self.temperature = float(select(cfg, "rollout.temperature", 1.0) or 1.0)
         self._env_factory = None
         self._template = None
         self.warm_optimizer = None
@@ -406,10 +396,10 @@ class ActorWorker(_DistributedWorker):
         if self._template is None:
             from openmanus_rl_core.registry import registry
 
-            tcfg = _get(self.cfg, "template", {})
-            self._template = registry("template").build(tcfg["name"], **dict(_get(tcfg, "kwargs", {}) or {}))
-            ecfg = _get(self.cfg, "env", {})
-            env_kwargs = dict(_get(ecfg, "kwargs", {}) or {})
+            tcfg = select(self.cfg, "template", {})
+            self._template = registry("template").build(tcfg["name"], **dict(select(tcfg, "kwargs", {}) or {}))
+            ecfg = select(self.cfg, "env", {})
+            env_kwargs = dict(select(ecfg, "kwargs", {}) or {})
             # Resolved once: a registry lookup reads package metadata, too slow to repeat for every episode.
             env_cls = registry("env").get(ecfg["name"])
 
@@ -475,11 +465,11 @@ class ActorWorker(_DistributedWorker):
         use_kl_loss = bool(algo.get("use_kl_loss", False)) and self.ref is not None
         kl_coef = float(algo.get("kl_loss_coef", 0.0) or 0.0)
         kl_type = str(algo.get("kl_loss_type", "k3"))
-        grad_clip = float(_get(self.optim_cfg, "grad_clip", 1.0) or 0.0)
-        epochs = int(_get(self.optim_cfg, "ppo_epochs", 1) or 1)
-        mini = _get(self.optim_cfg, "ppo_mini_batch_size")
+        grad_clip = float(select(self.optim_cfg, "grad_clip", 1.0) or 0.0)
+        epochs = int(select(self.optim_cfg, "ppo_epochs", 1) or 1)
+        mini = select(self.optim_cfg, "ppo_mini_batch_size")
         mini = None if mini is None else max(1, int(mini) // self.world_size)
-        micro = _get(self.optim_cfg, "micro_batch_size")
+        micro = select(self.optim_cfg, "micro_batch_size")
         inject_nan = algo.get("debug_nan_step") is not None and int(algo["debug_nan_step"]) == int(step)
 
         batch = batch.to(self.device)
@@ -487,7 +477,7 @@ class ActorWorker(_DistributedWorker):
         sums: dict[str, float] = {}
         count = 0
         skipped = 0
-        for epoch, mb in _minibatches(batch, mini, epochs, bool(_get(self.optim_cfg, "shuffle", True)),
+        for epoch, mb in _minibatches(batch, mini, epochs, bool(select(self.optim_cfg, "shuffle", True)),
                                       (self.seed, int(step), self.rank)):
             self.optimizer.zero_grad(set_to_none=True)
             parts = _micro(mb, micro)
@@ -675,25 +665,20 @@ class CriticWorker(_DistributedWorker):
 
     role = "critic"
 
-    def __init__(self, cfg: Mapping[str, Any], rank: int, world_size: int, model_dir: str, total_steps: int):
-        super().__init__(cfg, rank, world_size)
-        self.model_dir = str(model_dir)
-        self.total_steps = int(total_steps)
-
     def setup(self, master_addr: str, master_port: int) -> dict:
         from transformers import AutoConfig, AutoModel
 
         from openmanus_rl_core.models import _dtype
 
         self.setup_distributed(master_addr, master_port)
-        dtype = _dtype(_get(self.cfg, "model.dtype", "float32"))
+        dtype = _dtype(select(self.cfg, "model.dtype", "float32"))
         config = AutoConfig.from_pretrained(self.model_dir, local_files_only=True)
         backbone = AutoModel.from_pretrained(self.model_dir, local_files_only=True, dtype=dtype)
         hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd"))
         model = ValueModel(backbone, hidden).to(dtype)
         model.train()
-        self.model = apply_fsdp(model.to(self.device), _get(self.cfg, "trainer.mixed_precision"))
-        self.optim_cfg = _get(self.cfg, "critic", {}) or {}
+        self.model = apply_fsdp(model.to(self.device), select(self.cfg, "trainer.mixed_precision"))
+        self.optim_cfg = select(self.cfg, "critic", {}) or {}
         self.optimizer, self.scheduler = _make_optimizer(list(self.model.parameters()), self.optim_cfg,
                                                          self.total_steps)
         return {"rank": self.rank, "device": str(self.device),
@@ -716,15 +701,15 @@ class CriticWorker(_DistributedWorker):
         batch = batch.to(self.device)
         clip = self.optim_cfg.get("value_clip", 0.5)
         agg_mode = str((algo.get("loss_cfg", {}) or {}).get("agg_mode", "token-mean"))
-        grad_clip = float(_get(self.optim_cfg, "grad_clip", 1.0) or 0.0)
-        epochs = int(_get(self.optim_cfg, "ppo_epochs", 1) or 1)
-        mini = _get(self.optim_cfg, "ppo_mini_batch_size")
+        grad_clip = float(select(self.optim_cfg, "grad_clip", 1.0) or 0.0)
+        epochs = int(select(self.optim_cfg, "ppo_epochs", 1) or 1)
+        mini = select(self.optim_cfg, "ppo_mini_batch_size")
         mini = None if mini is None else max(1, int(mini) // self.world_size)
-        micro = _get(self.optim_cfg, "micro_batch_size")
+        micro = select(self.optim_cfg, "micro_batch_size")
         sums: dict[str, float] = {}
         count = skipped = 0
         self.model.train()
-        for epoch, mb in _minibatches(batch, mini, epochs, bool(_get(self.optim_cfg, "shuffle", True)),
+        for epoch, mb in _minibatches(batch, mini, epochs, bool(select(self.optim_cfg, "shuffle", True)),
                                       (self.seed, int(step), self.rank, 1)):
             self.optimizer.zero_grad(set_to_none=True)
             parts = _micro(mb, micro)
@@ -809,7 +794,7 @@ def _saved_generator(gen: torch.Generator):
 def _rollout_cfg(cfg: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict:
     """The config the rollout reads, with per-call overrides applied to its ``rollout`` section."""
     out = dict(cfg)
-    rollout = dict(_get(cfg, "rollout", {}) or {})
+    rollout = dict(select(cfg, "rollout", {}) or {})
     rollout.update(dict(overrides or {}))
     out["rollout"] = rollout
     return out

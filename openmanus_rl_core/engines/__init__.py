@@ -1,0 +1,11 @@
+"""Rollout engines (``openmanus_rl.engines``): Hugging Face transformers (``hf``) and vLLM (``vllm``)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], engine: str) -> None:
+    """Every prompt must hold at least one token id: an empty one has no position to generate from."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError(f"{engine}.generate got an empty prompt; every prompt needs at least one token")

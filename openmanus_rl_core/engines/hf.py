@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from openmanus_rl_core.engines import check_prompts
 from openmanus_rl_core.protocols import Generation, SamplingParams
 
 __all__ = ["HFEngine", "filter_logits"]
@@ -134,8 +135,7 @@ class HFEngine:
         B = len(prompts)
         if B == 0:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("HFEngine.generate got an empty prompt; every prompt needs at least one token")
+        check_prompts(prompts, "HFEngine")
         max_new = int(params.max_new_tokens)
         greedy = bool(params.greedy) or params.temperature is None or params.temperature <= 0
         temperature = float(params.temperature) if params.temperature and params.temperature > 0 else 1.0

@@ -59,6 +59,7 @@ from typing import Any
 
 import torch
 
+from openmanus_rl_core.engines import check_prompts
 from openmanus_rl_core.protocols import Generation, SamplingParams
 
 __all__ = ["VLLMEngine"]
@@ -347,8 +348,7 @@ class VLLMEngine:
         B = len(prompts)
         if B == 0:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("VLLMEngine.generate got an empty prompt; every prompt needs at least one token")
+        check_prompts(prompts, "VLLMEngine")
         max_new = int(params.max_new_tokens)
         if max_new <= 0:
             return [Generation([], [], "", "length") for _ in range(B)]
