@@ -31,10 +31,16 @@ BIN = Path(sys.executable).parent
 RAY = str(BIN / "ray")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket stays bound until all are chosen, so none is handed out twice."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _alive(pid: int) -> bool:
@@ -50,28 +56,34 @@ def _alive(pid: int) -> bool:
 class TwoNodeCluster:
     """A head and one more node on this machine; ``address`` is ``127.0.0.1:<gcs port>``."""
 
-    def __init__(self, cpus_per_node: int = 1, timeout: float = 60.0):
-        self.port = _free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        # Short path: Ray's unix socket paths must stay under ~107 characters.
-        self.tmp = tempfile.mkdtemp(prefix="omrl-ray-", dir="/tmp")
+    def __init__(self, cpus_per_node: int = 1, timeout: float = 60.0, attempts: int = 3):
         self.env = dict(os.environ)
         self.env.pop("RAY_ADDRESS", None)
         self.env["RAY_AUTH_MODE"] = "disabled"
         self.env["RAY_USAGE_STATS_ENABLED"] = "0"
-        self.procs: list[subprocess.Popen] = []
         self.extra_pids: set[int] = set()  # actor processes the tests saw (Ray gives them their own sessions)
-        try:
-            self._start(cpus_per_node, timeout)
-        except BaseException:
-            self.stop()
-            raise
+        # A port chosen free can be taken by another process before Ray binds it: start again on fresh ports.
+        for attempt in range(attempts):
+            self.procs: list[subprocess.Popen] = []
+            # Short path: Ray's unix socket paths must stay under ~107 characters.
+            self.tmp = tempfile.mkdtemp(prefix="omrl-ray-", dir="/tmp")
+            # GCS, client server, and four agent/metrics ports for each of the two nodes, all distinct.
+            self.port, self._client_port, *self._node_ports = _free_ports(10)
+            self.address = f"127.0.0.1:{self.port}"
+            try:
+                self._start(cpus_per_node, timeout)
+                return
+            except BaseException as e:
+                self.stop()
+                if not isinstance(e, RuntimeError) or attempt == attempts - 1:
+                    raise
 
-    def _node_args(self, cpus: int) -> list[str]:
+    def _node_args(self, cpus: int, node: int) -> list[str]:
         # Every node on one machine needs its own agent and metrics ports (the defaults would collide).
+        listen, grpc, metrics, runtime_env = self._node_ports[4 * node:4 * node + 4]
         return ["--block", "--disable-usage-stats", f"--temp-dir={self.tmp}", f"--num-cpus={cpus}", "--num-gpus=0",
-                f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
-                f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"]
+                f"--dashboard-agent-listen-port={listen}", f"--dashboard-agent-grpc-port={grpc}",
+                f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}"]
 
     def _popen(self, args: list[str], log: str) -> subprocess.Popen:
         out = open(os.path.join(self.tmp, log), "w")
@@ -83,10 +95,11 @@ class TwoNodeCluster:
     def _start(self, cpus: int, timeout: float) -> None:
         t0 = time.monotonic()
         head = self._popen(["--head", f"--port={self.port}", "--include-dashboard=false",
-                            f"--ray-client-server-port={_free_port()}", '--resources={"node_a": 1}',
-                            *self._node_args(cpus)], "head.log")
+                            f"--ray-client-server-port={self._client_port}", '--resources={"node_a": 1}',
+                            *self._node_args(cpus, 0)], "head.log")
         # The second node retries its connection until the head's GCS answers, so both start together.
-        self._popen([f"--address={self.address}", '--resources={"node_b": 1}', *self._node_args(cpus)], "node.log")
+        self._popen([f"--address={self.address}", '--resources={"node_b": 1}', *self._node_args(cpus, 1)],
+                    "node.log")
         while "Ray runtime started" not in Path(self.tmp, "head.log").read_text():
             if head.poll() is not None or time.monotonic() - t0 > timeout:
                 raise RuntimeError(f"the Ray head did not start: {self.log_tail()}")
