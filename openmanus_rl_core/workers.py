@@ -801,12 +801,27 @@ def _rollout_cfg(cfg: Mapping[str, Any], overrides: Mapping[str, Any] | None) ->
 
 
 # ------------------------------------------------------------------------------------------------ groups
+class WorkerGroupError(RuntimeError):
+    """A rank of a worker group raised or died during ``method``; the group has been stopped."""
+
+    def __init__(self, group: str, rank: int, method: str, cause: BaseException):
+        self.group, self.rank, self.method, self.cause = group, rank, method, cause
+        detail = str(cause).strip().splitlines()
+        super().__init__(f"{group} rank {rank} failed in {method}: {type(cause).__name__}: "
+                         f"{detail[-1] if detail else ''} (the {group} worker group was stopped; "
+                         f"a restarted run resumes from the newest checkpoint with trainer.resume=auto)")
+
+
 class WorkerGroup:
     """``size`` Ray actors of one worker class forming one process group (ranks ``0..size-1``).
 
     Rank 0 names a free port on its node (MASTER_ADDR/PORT); every rank then joins the process group in
     :meth:`setup` (gloo on CPU, NCCL on GPU). ``call(method)`` runs a method on every rank and returns the results
     in rank order; ``call_each(method, per_rank_args)`` gives each rank its own arguments (its shard).
+
+    A rank that raises or dies fails the call at once: the other ranks may be blocked in a collective waiting for
+    it, so the whole group is stopped and the error names the rank, the method and the original exception
+    (instead of the driver hanging until the collective's own timeout).
     """
 
     def __init__(self, cls: type, size: int, cfg: Mapping[str, Any], num_cpus: float = 1.0, num_gpus: float = 0.0,
@@ -830,22 +845,36 @@ class WorkerGroup:
         ]
         try:
             addr, port = ray.get(self.workers[0].free_address.remote())
-            self.setup_info = ray.get([w.setup.remote(addr, port) for w in self.workers])
+            self.setup_info = self._gather("setup", [w.setup.remote(addr, port) for w in self.workers])
         except Exception:
             self.kill()
             raise
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list:
-        import ray
-
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+        return self._gather(method, [getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
     def call_each(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> list:
-        import ray
-
         if len(per_rank_args) != self.size:
             raise ValueError(f"{self.name}.{method}: got {len(per_rank_args)} argument sets for {self.size} ranks")
-        return ray.get([getattr(w, method).remote(*a, **kwargs) for w, a in zip(self.workers, per_rank_args)])
+        return self._gather(method, [getattr(w, method).remote(*a, **kwargs)
+                                     for w, a in zip(self.workers, per_rank_args)])
+
+    def _gather(self, method: str, refs: list) -> list:
+        """The ranks' results in rank order, failing as soon as any rank fails (see the class docstring)."""
+        import ray
+
+        if not self.workers:
+            raise RuntimeError(f"{self.name} worker group was stopped after an earlier failure; cannot call {method}")
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except Exception as e:
+                self.kill()  # the others may wait in a collective for the failed rank forever
+                raise WorkerGroupError(self.name, rank_of[done[0]], method, e) from e
+        return ray.get(refs)
 
     def kill(self) -> None:
         import ray

@@ -13,7 +13,8 @@
 - ``ensure_alive(port)`` restarts a dead server and waits for it to be healthy; ``start_watchdog(interval)``
   does that for every port from a background thread.
 - ``stop()`` (also run at interpreter exit, and by the context manager) sends SIGTERM to each process group,
-  then SIGKILL after ``stop_timeout`` seconds.
+  then SIGKILL after ``stop_timeout`` seconds. Each server runs under a small guard process
+  (:mod:`openmanus_rl_env_agentgym.guard`) that stops it when this process dies without ``stop()`` (kill -9).
 
 ``python -m openmanus_rl_env_agentgym.launcher textcraft --num-servers 2`` runs servers until Ctrl-C.
 """
@@ -321,10 +322,12 @@ class ServerLauncher:
         with open(self.log_path(port), "ab") as out:
             out.write(f"\n=== {time.strftime('%H:%M:%S')} starting: {cmd}\n".encode())
             out.flush()
+            argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+            # The guard stops the server if this process dies without stop() (SIGKILL): no orphaned servers.
+            guarded = [sys.executable, "-m", "openmanus_rl_env_agentgym.guard", str(os.getpid()), "--", *argv]
             try:
                 server.proc = subprocess.Popen(
-                    cmd,
-                    shell=isinstance(cmd, str),
+                    guarded,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,

@@ -8,6 +8,7 @@ import pickle
 import random
 import signal
 import socket
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -386,6 +387,55 @@ def test_killed_server_errors_then_the_launcher_restarts_it():
         with pytest.raises(ProcessLookupError):
             os.killpg(pid, 0)
     assert all(not servers.healthy(p) for p in servers.ports)
+
+
+def test_servers_stop_when_their_launcher_is_killed(tmp_path):
+    """kill -9 of the launching process (no atexit, no stop()) still takes its servers down."""
+    base = free_base_port(2)
+    script = tmp_path / "launch.py"
+    script.write_text(
+        "import sys, time\n"
+        "from openmanus_rl_env_agentgym.launcher import ServerLauncher\n"
+        f"s = ServerLauncher({fake_command('id')!r}, num_servers=2, base_port={base}, health_timeout=30)\n"
+        "s.start()\n"
+        "print(*[s.pid(p) for p in s.ports], flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        probe = ServerLauncher(fake_command("id"), num_servers=2, base_port=base)
+        assert all(probe.healthy(p) for p in probe.ports)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_group_alive(pid) for pid in pids):
+            time.sleep(0.1)
+        assert not any(_group_alive(pid) for pid in pids), "the servers outlived their launcher"
+        assert not any(probe.healthy(p) for p in probe.ports)
+        with ServerLauncher(fake_command("id"), num_servers=2, base_port=base, health_timeout=30) as again:
+            assert all(again.healthy(p) for p in again.ports)  # the ports are free for a new run
+    finally:
+        proc.kill()
+        for pid in pids if "pids" in locals() else []:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """A running (not zombie) process is in process group ``pgid``."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if stat[0] != "Z" and int(stat[2]) == pgid:  # fields after the name: state, ppid, pgrp
+                return True
+    return False
 
 
 def test_launcher_reports_startup_failures():

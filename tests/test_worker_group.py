@@ -1,0 +1,94 @@
+"""A worker group under a local Ray: results in rank order, and a failing rank fails the call at once.
+
+The failure case is the one that used to hang: rank 1 raises while rank 0 already waits for it in an all-reduce,
+which gloo would only give up on after its (30-minute) collective timeout.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from openmanus_rl_core.workers import WorkerGroup, WorkerGroupError, _DistributedWorker  # noqa: E402
+
+CFG = {"seed": 0, "trainer": {"torch_threads": 1, "device": "cpu"}}
+
+
+class _SumWorker(_DistributedWorker):
+    """All-reduces its rank; rank ``fail_rank`` raises (or exits) before reaching the collective."""
+
+    def setup(self, master_addr: str, master_port: int) -> dict:
+        self.setup_distributed(master_addr, master_port)
+        return {"rank": self.rank}
+
+    def rank_sum(self, fail_rank: int = -1, how: str = "raise") -> float:
+        import os
+
+        import torch.distributed as dist
+
+        if self.rank == fail_rank:
+            if how == "exit":
+                os._exit(3)
+            raise ValueError(f"bad shard on rank {self.rank}")
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)
+        return float(t.item())
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import the test module
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def _group() -> WorkerGroup:
+    return WorkerGroup(_SumWorker, 2, CFG, num_cpus=1, name="summer", model_dir="", total_steps=1)
+
+
+def test_call_returns_every_rank_result_in_rank_order(ray_local):
+    group = _group()
+    try:
+        assert group.setup_info == [{"rank": 0}, {"rank": 1}]
+        assert group.call("rank_sum") == [3.0, 3.0]  # 1 + 2 on both ranks
+        assert group.call_each("rank_sum", [(-1,), (-1,)]) == [3.0, 3.0]
+        with pytest.raises(ValueError, match=r"summer.rank_sum: got 1 argument sets for 2 ranks"):
+            group.call_each("rank_sum", [(-1,)])
+    finally:
+        group.kill()
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_a_failing_rank_fails_the_call_at_once_and_stops_the_group(ray_local, how):
+    group = _group()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerGroupError) as info:
+            group.call("rank_sum", 1, how)  # rank 0 is left waiting in the all-reduce
+        took = time.monotonic() - t0
+        err = info.value
+        assert (err.group, err.rank, err.method) == ("summer", 1, "rank_sum")
+        assert str(err).startswith("summer rank 1 failed in rank_sum: ")
+        if how == "raise":
+            assert "bad shard on rank 1" in str(err)
+        assert took < 60, f"the failure took {took:.1f}s to surface"
+        assert group.workers == []  # stopped, including rank 0 that was blocked in the collective
+        with pytest.raises(RuntimeError, match=r"summer worker group was stopped .* cannot call rank_sum"):
+            group.call("rank_sum")
+    finally:
+        group.kill()
+    # The group's resources are free again: a new group of two ranks fits and works.
+    again = _group()
+    try:
+        assert again.call("rank_sum") == [3.0, 3.0]
+    finally:
+        again.kill()
