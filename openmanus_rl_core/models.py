@@ -248,7 +248,8 @@ def load_model_and_tokenizer(
 def apply_lora(model, lora_cfg: Any):
     """Wrap ``model`` with PEFT LoRA when ``lora_cfg.enabled``; otherwise return it unchanged.
 
-    ``lora_cfg``: ``enabled``, ``r``, ``alpha``, ``dropout`` (0), ``target_modules`` (list of module names).
+    ``lora_cfg``: ``enabled``, ``r``, ``alpha``, ``dropout`` (0), ``use_rslora`` (False: scale ``alpha / r``;
+    True: ``alpha / sqrt(r)``), ``target_modules`` (list of module names).
     """
     if not _get(lora_cfg, "enabled", False):
         return model
@@ -257,9 +258,56 @@ def apply_lora(model, lora_cfg: Any):
     targets = _get(lora_cfg, "target_modules", ["q_proj", "v_proj"])
     config = LoraConfig(
         r=int(_get(lora_cfg, "r", 8)),
-        lora_alpha=int(_get(lora_cfg, "alpha", 16)),
+        lora_alpha=float(_get(lora_cfg, "alpha", 16)),
         lora_dropout=float(_get(lora_cfg, "dropout", 0.0)),
+        use_rslora=bool(_get(lora_cfg, "use_rslora", False)),
         target_modules=list(targets),
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def lora_scaling(lora_cfg: Any) -> float:
+    """The factor PEFT multiplies ``B @ A`` by: ``alpha / r``, or ``alpha / sqrt(r)`` with ``use_rslora``."""
+    r = int(_get(lora_cfg, "r", 8))
+    alpha = float(_get(lora_cfg, "alpha", 16))
+    if r < 1:
+        raise ValueError(f"model.lora.r must be >= 1, got {r}")
+    return alpha / (r ** 0.5) if _get(lora_cfg, "use_rslora", False) else alpha / r
+
+
+def merge_lora_state(state_dict: Mapping[str, Any], scaling: float) -> dict[str, Any]:
+    """A PEFT LoRA model's full state dict -> the plain model's, with each adapter merged into its base weight.
+
+    ``base_model.model.<m>.base_layer.weight`` + ``scaling * lora_B @ lora_A`` becomes ``<m>.weight`` (the product
+    is taken in float32, the result keeps the base weight's dtype); other keys lose the ``base_model.model.`` prefix
+    and the adapter tensors are dropped. Rollout engines (HF, vLLM) then load plain Hugging Face names and run
+    without adapter branches. A state dict without LoRA keys comes back with its keys unchanged.
+    """
+    sd = dict(state_dict)
+    adapters: dict[str, dict[str, Any]] = {}  # module prefix -> {"A": tensor, "B": tensor}
+    for key, value in sd.items():
+        for part, tag in ((".lora_A.", "A"), (".lora_B.", "B")):
+            if part in key:
+                adapters.setdefault(key.split(part)[0], {})[tag] = value
+        if ".lora_embedding_" in key or ".lora_magnitude_vector" in key:
+            raise NotImplementedError(f"merging {key!r} is not supported: only LoRA on linear layers is merged")
+    out: dict[str, Any] = {}
+    for key, value in sd.items():
+        if ".lora_A." in key or ".lora_B." in key:
+            continue
+        name = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
+        if ".base_layer." in key:
+            prefix, leaf = key.split(".base_layer.", 1)
+            name = name.replace(".base_layer.", ".", 1)
+            ab = adapters.get(prefix)
+            if leaf == "weight" and ab:
+                if set(ab) != {"A", "B"}:
+                    raise ValueError(f"LoRA module {prefix!r} has lora_{''.join(ab)} but not both lora_A and lora_B")
+                delta = ab["B"].float() @ ab["A"].float()
+                if delta.shape != value.shape:
+                    raise ValueError(f"LoRA module {prefix!r}: B @ A has shape {tuple(delta.shape)}, "
+                                     f"the base weight {tuple(value.shape)}")
+                value = (value.float() + float(scaling) * delta.to(value.device)).to(value.dtype)
+        out[name] = value
+    return out

@@ -645,7 +645,7 @@ def evaluate(cfg: Any) -> int:
 
     from openmanus_rl_core.checkpoint import load_checkpoint, resolve_checkpoint
     from openmanus_rl_core.data import ensure_task_files, load_tasks
-    from openmanus_rl_core.models import _dtype, apply_lora
+    from openmanus_rl_core.models import _dtype, lora_scaling, merge_lora_state
     from openmanus_rl_core.registry import registry
     from openmanus_rl_core.rewards import RewardComposer
     from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, expand_tasks
@@ -682,13 +682,14 @@ def evaluate(cfg: Any) -> int:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True,
                                                  dtype=_dtype(model_cfg.get("dtype", "float32")))
-    model = apply_lora(model, model_cfg.get("lora") or {})
+    lora = model_cfg.get("lora") or {}
     device = "cuda" if torch.cuda.is_available() and str(select(c, "trainer.device", "auto")) != "cpu" else "cpu"
     engine_name = str(select(c, "rollout.engine", "hf"))
     engine = registry("engine").build(engine_name, model=model, tokenizer=tokenizer, device=device, seed=seed,
                                       **dict(select(c, "rollout.engine_kwargs", {}) or {}))
-    if state is not None:
-        engine.update_weights(state["model"])
+    if state is not None:  # a LoRA run's checkpoint holds the adapters: the engine gets them merged
+        weights = state["model"]
+        engine.update_weights(merge_lora_state(weights, lora_scaling(lora)) if lora.get("enabled") else weights)
 
     out_dir = Path(str(select(c, "trainer.run_dir") or (Path(str(ckpt)).parent.parent if ckpt else "outputs/eval")))
     _, val_files = ensure_task_files(cfg, out_dir / "data") if not select(c, "data.val_files") else (None, c["data"]["val_files"])

@@ -347,7 +347,7 @@ class ActorWorker(_DistributedWorker):
     def setup(self, master_addr: str, master_port: int) -> dict:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from openmanus_rl_core.models import _dtype, apply_lora
+        from openmanus_rl_core.models import _dtype, apply_lora, lora_scaling
 
         self.setup_distributed(master_addr, master_port)
         cfg = self.cfg
@@ -358,11 +358,13 @@ class ActorWorker(_DistributedWorker):
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, local_files_only=True, dtype=dtype)
         if select(cfg, "model.gradient_checkpointing", False):
             model.gradient_checkpointing_enable()
+        # The rollout engine's unsharded copy (FSDP2 shards in place, so copy first). With LoRA the engine holds
+        # the plain model and receives merged weights (base + scaled B @ A): no adapter branches at generation.
+        engine_model = copy.deepcopy(model).eval()
         model = apply_lora(model, select(cfg, "model.lora", {}))
         model.train()
         self.lora = bool(select(cfg, "model.lora.enabled", False))
-        # The rollout engine's unsharded copy (FSDP2 shards in place, so copy first).
-        engine_model = copy.deepcopy(model).eval()
+        self.lora_scaling = lora_scaling(select(cfg, "model.lora", {})) if self.lora else None
         for p in engine_model.parameters():
             p.requires_grad_(False)
         # The rollout engine by name (registry "engine"; hf by default), over the unsharded copy.
@@ -580,13 +582,15 @@ class ActorWorker(_DistributedWorker):
     def sync_rollout_weights(self) -> float:
         """Push the trained weights into this rank's rollout engine (in memory); returns seconds taken.
 
-        Gathers the full state dict on rank 0 (CPU), broadcasts each tensor over the CPU group, then every rank
-        loads it into its engine.
+        Gathers the full state dict on rank 0 (CPU), merges LoRA adapters into their base weights when LoRA is on,
+        broadcasts each tensor over the CPU group, then every rank loads it into its engine.
         """
         import torch.distributed as dist
 
         t0 = time.perf_counter()
         sd = self._gather_full_state(self.model)
+        if self.rank == 0:
+            sd = self._engine_weights(sd)  # with LoRA, merge before the broadcast: fewer, plain tensors
         meta = [[(k, tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in sd.items()]] if self.rank == 0 \
             else [None]
         if self.world_size > 1:
@@ -625,7 +629,13 @@ class ActorWorker(_DistributedWorker):
             self.scheduler.load_state_dict(dict(scheduler_sd))
         if rng is not None:
             restore_worker_rng(rng, {"engine": self.engine.generator})
-        self.engine.update_weights(dict(model_sd))
+        self.engine.update_weights(self._engine_weights(model_sd))
+
+    def _engine_weights(self, model_sd: Mapping) -> dict:
+        """The training model's full state dict as the rollout engine loads it (LoRA adapters merged)."""
+        from openmanus_rl_core.models import merge_lora_state
+
+        return merge_lora_state(model_sd, self.lora_scaling) if self.lora else dict(model_sd)
 
 
 # -------------------------------------------------------------------------------------------- critic worker

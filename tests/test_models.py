@@ -11,9 +11,12 @@ from openmanus_rl_core.models import (
     IM_END,
     IM_START,
     ENDOFTEXT,
+    apply_lora,
     build_tiny_model,
     build_tokenizer,
     load_model_and_tokenizer,
+    lora_scaling,
+    merge_lora_state,
 )
 
 TEXTS = ["<action>open box</action>", "The box is open. The note says: apple.", "say apple"] * 3 + [
@@ -134,3 +137,45 @@ def test_dtype_option(tok):
     assert next(m.parameters()).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
         load_model_and_tokenizer({"dtype": "float7"}, corpus=TEXTS)
+
+
+@pytest.mark.parametrize("rslora", [False, True])
+def test_merge_lora_state_equals_peft_merge_and_unload(tok, rslora):
+    import copy
+
+    base = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+    plain_keys = set(base.state_dict())
+    lora_cfg = {"enabled": True, "r": 4, "alpha": 12, "use_rslora": rslora,
+                "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    model = apply_lora(copy.deepcopy(base), lora_cfg)
+    if rslora:  # apply_lora passes the option through to PEFT
+        assert model.peft_config["default"].use_rslora
+    assert lora_scaling(lora_cfg) == pytest.approx(12 / 2.0 if rslora else 12 / 4)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # lora_B starts at zero: give every adapter a real update
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    merged = merge_lora_state(model.state_dict(), lora_scaling(lora_cfg))
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert set(merged) == set(expected) == plain_keys
+    for k in expected:
+        assert torch.allclose(merged[k], expected[k], atol=1e-6), k
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(merged[q], base.state_dict()[q])  # the adapters did change the weight
+    # The merged weights in the plain model compute what the adapter model computes.
+    base.load_state_dict(merged)
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.allclose(base(ids).logits, model(ids).logits, atol=1e-5)
+    # Without LoRA keys nothing changes.
+    assert merge_lora_state(expected, 2.0).keys() == expected.keys()
+
+
+def test_merge_lora_state_names_a_broken_adapter(tok):
+    sd = {"base_model.model.m.q.base_layer.weight": torch.zeros(2, 2), "base_model.model.m.q.lora_A.default.weight":
+          torch.zeros(1, 2)}
+    with pytest.raises(ValueError, match=r"'base_model.model.m.q' has lora_A but not both"):
+        merge_lora_state(sd, 1.0)
+    with pytest.raises(ValueError, match="model.lora.r must be >= 1, got 0"):
+        lora_scaling({"r": 0})

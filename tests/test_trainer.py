@@ -111,6 +111,30 @@ def test_eval_command_runs_a_saved_checkpoint(grpo_run, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_lora_run_and_its_eval_agree(ray_local, tmp_path, capsys):
+    """LoRA through the trainer: only adapters in the checkpoint change, and eval (which merges them into the
+    plain model for its engine) reproduces the run's final validation exactly."""
+    from openmanus_rl_core.checkpoint import load_checkpoint
+    from openmanus_rl_core.trainer import evaluate, train
+
+    run_dir = tmp_path / "lora"
+    lora = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=16", "actor.lr=0.05"]
+    cfg = compose(["env=key_door", "algorithm=grpo", *SMALL, *lora, "trainer.total_steps=2", "trainer.val_freq=2",
+                   f"trainer.run_dir={run_dir}", "seed=2"])
+    assert train(cfg) == 0
+    final = _records(run_dir)[-1]
+    weights = load_checkpoint(run_dir / "checkpoints" / "step_000002")["model"]
+    adapters = [k for k in weights if "lora_B" in k]
+    assert adapters and any(float(weights[k].abs().max()) > 0 for k in adapters)  # lora_B starts at 0: it moved
+    out = tmp_path / "eval.json"
+    assert evaluate(compose(["env=key_door", *SMALL, f"trainer.checkpoint={run_dir / 'checkpoints' / 'step_000002'}",
+                             f"trainer.eval_output={out}"])) == 0
+    result = json.loads(out.read_text())
+    assert result["reward_mean"] == pytest.approx(final["val/reward_mean"], abs=1e-6)
+    assert result["success_rate"] == pytest.approx(final["val/success_rate"], abs=1e-6)
+
+
+@pytest.mark.slow
 def test_ppo_with_the_critic_trains_a_few_steps(ray_local, tmp_path):
     from openmanus_rl_core.checkpoint import load_checkpoint
     from openmanus_rl_core.trainer import train

@@ -210,5 +210,19 @@ def test_lora_trains_only_the_adapters_and_syncs_them_into_the_engine(model_dir,
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all("lora_" in k for k in changed)
     w.sync_rollout_weights()
+    # The engine holds the plain model and got the adapters merged into the base weights.
+    from openmanus_rl_core.models import lora_scaling, merge_lora_state
+
     engine_sd = w.engine.model.state_dict()
-    assert all(torch.equal(engine_sd[k], after[k]) for k in changed)
+    assert not any("lora_" in k or "base_layer" in k for k in engine_sd)
+    merged = merge_lora_state(after, lora_scaling(cfg["model"]["lora"]))
+    assert set(engine_sd) == set(merged) | {"lm_head.weight"}  # tied lm_head: the engine fills it in
+    assert all(torch.equal(engine_sd[k], merged[k]) for k in merged)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(merged[q], before[f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"])
+    # What the engine samples with is what the adapter model trains: same log-probs on a fresh rollout.
+    batch, _ = _rollout_batch(w)
+    mask = batch["response_mask"].bool()
+    assert mask.any()
+    assert torch.allclose(w.compute_log_probs(batch)["old_log_probs"][mask], batch["rollout_log_probs"][mask],
+                          atol=1e-4)
