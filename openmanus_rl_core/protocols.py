@@ -265,3 +265,8 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, state_dict: dict[str, Any]) -> None:
         """Load the actor's new weights in memory (no round trip through disk)."""
+
+    # Optional (not part of the runtime check): ``sleep()`` frees the engine's accelerator memory while the
+    # colocated actor trains, ``wake_up()`` takes it back; ``generate`` and ``update_weights`` wake the engine by
+    # themselves. The actor worker calls ``sleep()`` after every rollout when the engine has it
+    # (``rollout.sleep_after_rollout``).

@@ -424,10 +424,15 @@ class ActorWorker(_DistributedWorker):
         template, env_factory = self._agent_parts()
         rcfg = _rollout_cfg(self.cfg, overrides)
         loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, RolloutConfig.from_cfg(rcfg))
-        if keep_rng:
-            with _saved_generator(self.engine.generator):
-                return loop.run(tasks)
-        return loop.run(tasks)
+        try:
+            if keep_rng:
+                with _saved_generator(self.engine.generator):
+                    return loop.run(tasks)
+            return loop.run(tasks)
+        finally:
+            # Colocated on one device: hand the engine's memory to training until the next generate / weight push.
+            if select(self.cfg, "rollout.sleep_after_rollout", True) and hasattr(self.engine, "sleep"):
+                self.engine.sleep()
 
     # ------------------------------------------------------------------------------------------- log-probs
     @torch.no_grad()

@@ -191,6 +191,23 @@ def test_update_weights_in_memory(model, tok):
         engine.update_weights({**sd, "bogus.weight": torch.zeros(1)})
 
 
+def test_sleep_and_wake_keep_the_weights_and_generate_wakes_it(model, tok):
+    engine = HFEngine(model, tok, seed=0)
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    prompts = _prompts(tok)
+    want = [g.token_ids for g in engine.generate(prompts, params)]
+    engine.sleep()
+    engine.sleep()  # idempotent
+    assert engine.asleep and next(engine.model.parameters()).device.type == "cpu"
+    assert [g.token_ids for g in engine.generate(prompts, params)] == want  # woke by itself, same weights
+    assert not engine.asleep
+    engine.sleep()
+    engine.update_weights({k: v.clone() for k, v in model.state_dict().items()})
+    assert not engine.asleep  # a weight push wakes it too
+    engine.wake_up()  # awake already: nothing happens
+    assert [g.token_ids for g in engine.generate(prompts, params)] == want
+
+
 def test_empty_prompt_is_an_error(engine):
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate([[1, 2], []], SamplingParams(max_new_tokens=2))

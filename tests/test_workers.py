@@ -108,6 +108,21 @@ def test_training_logprobs_match_the_engine_sampling_logprobs(actor):
     assert torch.allclose(out["old_log_probs"][mask], logp[mask], atol=1e-5)
 
 
+def test_the_engine_sleeps_after_each_rollout_and_wakes_for_the_next(actor):
+    _, eps = _rollout_batch(actor, tasks=2)
+    assert actor.engine.asleep  # rollout.sleep_after_rollout defaults to true
+    calls = actor.engine.calls
+    _, again = _rollout_batch(actor, tasks=2)
+    assert actor.engine.calls > calls and len(again) == 2 and actor.engine.asleep
+    actor.cfg["rollout"]["sleep_after_rollout"] = False
+    try:
+        actor.engine.wake_up()
+        _rollout_batch(actor, tasks=2)
+        assert not actor.engine.asleep
+    finally:
+        del actor.cfg["rollout"]["sleep_after_rollout"]
+
+
 def _params(worker):
     return {k: v.detach().clone() for k, v in worker.engine.model.state_dict().items()}
 

@@ -90,6 +90,30 @@ class HFEngine:
             else (lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
         )
         self.calls = 0  # generate() calls so far (metrics, tests)
+        self.asleep = False
+
+    # ------------------------------------------------------------------------------------------------- memory
+    def sleep(self, level: int | None = None) -> None:
+        """Free accelerator memory while the colocated actor trains: the model moves to CPU memory.
+
+        On a CPU engine only the state changes. ``generate`` and ``update_weights`` call :meth:`wake_up` first.
+        ``level`` is accepted for the common engine call and ignored (the weights are always kept).
+        """
+        if self.asleep:
+            return
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        self.asleep = True
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Move the model back to its device (no-op when awake)."""
+        if not self.asleep:
+            return
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+        self.asleep = False
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -103,6 +127,7 @@ class HFEngine:
     # ------------------------------------------------------------------------------------------------- weights
     def update_weights(self, state_dict: dict[str, Any]) -> None:
         """Load new weights in memory (strict: every key must match). Tied ``lm_head.weight`` may be omitted."""
+        self.wake_up()
         sd = dict(state_dict)
         own = self.model.state_dict()
         tied = getattr(getattr(self.model, "config", None), "tie_word_embeddings", False)
@@ -117,6 +142,7 @@ class HFEngine:
     # ---------------------------------------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None) -> list[Generation]:
         """One :class:`Generation` per prompt, in order, from ONE batched decoding loop (see the module doc)."""
+        self.wake_up()
         if self.num_threads is None or self.device.type != "cpu":
             return self._generate(prompts, params)
         before = torch.get_num_threads()

@@ -225,6 +225,7 @@ class VLLMEngine:
         self._top_k_off = int(vllm.SamplingParams().top_k)  # "no top-k": 0 in current vLLM, -1 in older ones
         self._asleep = False
         self._weights_asleep = False
+        self._weights_discarded = False  # sleep(level=2) dropped them; only update_weights brings them back
         self._warned_greedy_temperature = False
         self.calls = 0  # generate() calls so far (metrics, tests)
         if push_state is not None:
@@ -254,8 +255,8 @@ class VLLMEngine:
         """Load new weights in memory: names as in the Hugging Face model's ``state_dict()``.
 
         vLLM's ``load_weights`` maps HF names onto its fused layers (qkv, gate/up) and skips ``lm_head.weight``
-        of a model with tied embeddings. A LoRA-wrapped actor must push merged weights (HF names, no
-        ``base_model.model.`` prefix). Tensors may live on any device and in any float dtype (copied in).
+        of a model with tied embeddings. A LoRA actor pushes its adapters merged into the base weights
+        (``models.merge_lora_state``: HF names, no ``base_model.model.`` prefix). Tensors may live on any device and in any float dtype (copied in).
         """
         if self._asleep and self.sleep_enabled and self._weights_asleep:
             self.llm.wake_up(tags=["weights"])  # weights only: the KV cache comes back at the next generate
@@ -272,6 +273,7 @@ class VLLMEngine:
                                     kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
         except NotImplementedError:
             self.llm.collective_rpc(_load_fallback, args=(weights,))
+        self._weights_discarded = False
         # KV blocks cached for a prompt prefix were computed with the old weights.
         try:
             self.llm.reset_prefix_cache()
@@ -290,6 +292,7 @@ class VLLMEngine:
         self.llm.sleep(level=lvl)
         self._asleep = True
         self._weights_asleep = True
+        self._weights_discarded = lvl >= 2
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Reallocate what :meth:`sleep` freed (``tags``: ``["weights"]``, ``["kv_cache"]``; None: all)."""
@@ -352,6 +355,9 @@ class VLLMEngine:
         max_new = int(params.max_new_tokens)
         if max_new <= 0:
             return [Generation([], [], "", "length") for _ in range(B)]
+        if self._weights_discarded:
+            raise RuntimeError("VLLMEngine: sleep(level=2) discarded the weights and no update_weights() has "
+                               "pushed new ones since; push weights before generating, or use sleep_level=1")
         if self._asleep:
             self.wake_up()
         # One vLLM seed per request, drawn from this engine's generator (reproducible, checkpointable).
