@@ -447,6 +447,9 @@ class Trainer:
                     akeys = keys + ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
                     algo_call = dict(algo)
                     algo_call["debug_nan_step"] = select(self.cfg, "trainer.debug_nan_step")
+                    if select(self.cfg, "trainer.debug_crash_step") is not None:
+                        algo_call["debug_crash"] = (int(select(self.cfg, "trainer.debug_crash_step")),
+                                                    str(self.run_dir / ".debug_crash_done"))
                     ams = self.actor.call_each("update", [(s.select(akeys), step, algo_call) for s in shards])
                 am = _avg(ams)
                 metrics.update(am)
@@ -525,6 +528,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ fit
     def fit(self) -> dict[str, float]:
         from openmanus_rl_core.metrics import MetricsLogger, ProgressBar, plot_rewards
+        from openmanus_rl_core.workers import WorkerGroupError
 
         cfg = self.cfg
         self.skipped_steps = 0
@@ -565,27 +569,37 @@ class Trainer:
                                    disable=not bool(select(cfg, "trainer.progress", True)))
             self.log.bar = self.bar.bar
             ckpt_seconds = None
-            for step in range(start_step + 1, self.total_steps + 1):
-                metrics = self.train_step(step)
-                is_last = step == self.total_steps
-                if (val_freq and step % val_freq == 0) or (is_last and select(cfg, "trainer.val_at_end", True)):
-                    metrics.update(self.validate(step))
-                    last_val = {k: v for k, v in metrics.items() if k.startswith("val/")}
-                metrics["time/elapsed_s"] = time.perf_counter() - self.t_start
-                if ckpt_seconds is not None:  # the previous checkpoint's write time
-                    metrics["timing/checkpoint"] = ckpt_seconds
+            restarts = 0
+            step = start_step + 1
+            while step <= self.total_steps:
+                try:
+                    metrics = self.train_step(step)
+                    is_last = step == self.total_steps
+                    if (val_freq and step % val_freq == 0) or (is_last and select(cfg, "trainer.val_at_end", True)):
+                        metrics.update(self.validate(step))
+                        last_val = {k: v for k, v in metrics.items() if k.startswith("val/")}
+                    metrics["time/elapsed_s"] = time.perf_counter() - self.t_start
+                    if ckpt_seconds is not None:  # the previous checkpoint's write time
+                        metrics["timing/checkpoint"] = ckpt_seconds
+                        ckpt_seconds = None
+                    # Logged before the checkpoint: a kill in between resumes from the previous checkpoint and the
+                    # logger drops the lines after it, so no step is ever missing from metrics.jsonl.
+                    self.metrics_logger.log(step, metrics)
+                    self.pm.hook.openmanus_rl_step_end(step=step, metrics=metrics)
+                    self.bar.update(step, metrics)
+                    last = metrics
+                    if (save_freq and step % save_freq == 0) or (is_last and select(cfg, "trainer.save_at_end", True)):
+                        t0 = time.perf_counter()
+                        self.save(step)
+                        ckpt_seconds = time.perf_counter() - t0
+                    step += 1
+                except WorkerGroupError as err:
+                    restarts += 1
+                    step = self._restart_workers(err, restarts) + 1
                     ckpt_seconds = None
-                # Logged before the checkpoint: a kill in between resumes from the previous checkpoint and the
-                # logger drops the lines after it, so no step is ever missing from metrics.jsonl.
-                self.metrics_logger.log(step, metrics)
-                self.pm.hook.openmanus_rl_step_end(step=step, metrics=metrics)
-                self.bar.update(step, metrics)
-                last = metrics
-                if (save_freq and step % save_freq == 0) or (is_last and select(cfg, "trainer.save_at_end", True)):
-                    t0 = time.perf_counter()
-                    self.save(step)
-                    ckpt_seconds = time.perf_counter() - t0
             final = {**last, **last_val}
+            if restarts:
+                final["train/worker_restarts"] = float(restarts)
             return final
         finally:
             if self.bar is not None:
@@ -598,6 +612,34 @@ class Trainer:
             except Exception as exc:  # a plot must never fail the run
                 self.log(f"could not draw the reward plot: {exc}")
             self.pm.hook.openmanus_rl_run_end(run_dir=str(self.run_dir), metrics=dict(last))
+
+    def _restart_workers(self, err: Exception, restarts: int) -> int:
+        """After a worker failure: new worker groups, state from the newest complete checkpoint; returns its step.
+
+        At most ``trainer.max_worker_restarts`` times per run; without a checkpoint to go back to, the error stands.
+        """
+        from openmanus_rl_core.checkpoint import latest_checkpoint
+        from openmanus_rl_core.metrics import MetricsLogger
+
+        allowed = int(select(self.cfg, "trainer.max_worker_restarts", 0) or 0)
+        path = latest_checkpoint(self.run_dir)
+        if restarts > allowed or path is None:
+            why = (f"trainer.max_worker_restarts={allowed} used up" if restarts > allowed
+                   else f"no complete checkpoint in {self.run_dir} to restart from (set trainer.save_freq)")
+            self.log(f"worker failure, not restarting: {why}")
+            raise err
+        self.log(f"{err}\nrestarting the workers ({restarts}/{allowed}) from {path}")
+        for g in (self.actor, self.critic):
+            if g is not None:
+                g.kill()
+        self.actor = self.critic = None
+        self._start_workers()
+        step = self.restore(path)
+        # The lines logged after that checkpoint are dropped: those steps run again.
+        self.metrics_logger.close()
+        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=bool(select(self.cfg, "trainer.tensorboard", True)),
+                                            resume_step=step)
+        return step
 
     def shutdown(self) -> None:
         import ray

@@ -36,6 +36,7 @@ import os
 import random
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -478,6 +479,11 @@ class ActorWorker(_DistributedWorker):
         mini = None if mini is None else max(1, int(mini) // self.world_size)
         micro = select(self.optim_cfg, "micro_batch_size")
         inject_nan = algo.get("debug_nan_step") is not None and int(algo["debug_nan_step"]) == int(step)
+        crash = algo.get("debug_crash")
+        if crash and int(crash[0]) == int(step) and self.rank == self.world_size - 1 and not os.path.exists(crash[1]):
+            # Test-only switch (trainer.debug_crash_step): the last rank dies once, mid-step, as a real crash would.
+            Path(crash[1]).touch()
+            os._exit(1)
 
         batch = batch.to(self.device)
         self.model.train()

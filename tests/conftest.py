@@ -8,7 +8,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def cli_env():
     """Environment for running the console script in a subprocess, from the same venv as the tests."""
     env = dict(os.environ)

@@ -170,11 +170,31 @@ def _comparable(rec: dict) -> dict:
             and not k.endswith("/seconds")}  # wall-clock readings differ between any two runs
 
 
-@pytest.mark.slow
-def test_a_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_path, cli_env):
-    full, killed = tmp_path / "full", tmp_path / "killed"
+def _assert_same_metrics(a: list[dict], b: list[dict]) -> None:
+    """Two runs logged the same steps with the same values (to float noise), wall-clock readings aside."""
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        ca, cb = _comparable(ra), _comparable(rb)
+        assert ca.keys() == cb.keys(), ra["step"]
+        for k in ca:
+            if ca[k] is None or cb[k] is None:
+                assert ca[k] == cb[k], (ra["step"], k)
+            else:
+                assert cb[k] == pytest.approx(ca[k], rel=1e-6, abs=1e-6), (ra["step"], k)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, cli_env) -> Path:
+    """The reference run of the kill / crash tests: 5 steps, checkpoints at 2 and 4, never interrupted."""
+    full = tmp_path_factory.mktemp("uninterrupted") / "full"
     subprocess.run(_cli(full, []), check=True, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=600)
+    return full
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_path, cli_env, uninterrupted):
+    full, killed = uninterrupted, tmp_path / "killed"
 
     # The same run, killed (the whole process group: driver, Ray and its workers) once step 2's checkpoint exists.
     proc = subprocess.Popen(_cli(killed, []), env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -193,14 +213,31 @@ def test_a_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_
                    stderr=subprocess.DEVNULL, timeout=600)
     a, b = _records(full), _records(killed)
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4, 5]  # no step twice, none missing
-    for ra, rb in zip(a, b):
-        ca, cb = _comparable(ra), _comparable(rb)
-        assert ca.keys() == cb.keys(), ra["step"]
-        for k in ca:
-            if ca[k] is None or cb[k] is None:
-                assert ca[k] == cb[k], (ra["step"], k)
-            else:
-                assert cb[k] == pytest.approx(ca[k], rel=1e-6, abs=1e-6), (ra["step"], k)
+    _assert_same_metrics(a, b)
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_mid_step_is_restarted_from_the_checkpoint(tmp_path, cli_env, uninterrupted):
+    """An actor rank exits during step 3's update (after step 2's checkpoint): the trainer starts new workers, goes
+    back to step 2's checkpoint, and finishes; every step is logged once, with an uninterrupted run's values."""
+    full, crashed = uninterrupted, tmp_path / "crashed"
+    proc = subprocess.run(_cli(crashed, ["trainer.debug_crash_step=3", "trainer.max_worker_restarts=1"]),
+                          env=cli_env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert (crashed / ".debug_crash_done").exists()  # the crash did happen
+    assert "actor rank 1 failed in update" in out and "restarting the workers (1/1)" in out
+    a, b = _records(full), _records(crashed)
+    assert [r["step"] for r in b] == [0, 1, 2, 3, 4, 5]  # no step twice, none missing
+    _assert_same_metrics(a, b)
+
+    # Without restarts allowed the failure ends the run with the error naming rank and method.
+    again = tmp_path / "no_restart"
+    proc = subprocess.run(_cli(again, ["trainer.debug_crash_step=3", "trainer.max_worker_restarts=0"]),
+                          env=cli_env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "WorkerGroupError" in proc.stderr and "actor rank 1 failed in update" in proc.stderr
+    assert "trainer.max_worker_restarts=0 used up" in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "gigpo", "ppo"])
