@@ -37,6 +37,9 @@ __all__ = ["train", "evaluate", "Trainer"]
 # ------------------------------------------------------------------------------------------------ helpers
 
 
+OLD_LOG_PROBS_MODES = ("auto", "true", "false", "rollout")
+
+
 def _plain(cfg: Any) -> dict:
     """The composed Hydra config as plain containers, interpolations resolved (workers get this)."""
     from omegaconf import OmegaConf
@@ -185,6 +188,12 @@ class Trainer:
         self.n = int(select(cfg, "rollout.n", 1) or 1)
         self.estimator = registry("advantage").get(str(self.algo["adv_estimator"]))
         self.use_critic = bool(self.algo.get("use_critic", False))
+        # Old log-probs of the PPO ratio: auto (recomputed by the actor only when the update is off-policy within
+        # a step), true (always recomputed), false (never), rollout (the engine's sampling log-probs).
+        self.old_log_probs_mode = str(self.algo.get("recompute_old_log_probs", "auto")).lower()  # YAML true: bool
+        if self.old_log_probs_mode not in OLD_LOG_PROBS_MODES:
+            raise ValueError(f"algorithm.recompute_old_log_probs must be one of {sorted(OLD_LOG_PROBS_MODES)}, "
+                             f"got {self.algo.get('recompute_old_log_probs')!r}")
         self.kl_ctrl = self._kl_controller()
 
         # The model every worker loads: a local HF folder, or the embedded tiny model built now.
@@ -388,11 +397,12 @@ class Trainer:
             epochs = int(select(self.cfg, "actor.ppo_epochs", 1) or 1)
             mini = select(self.cfg, "actor.ppo_mini_batch_size")
             multi = epochs > 1 or (mini is not None and int(mini) < len(batch))
-            recompute = str(algo.get("recompute_old_log_probs", "auto")).lower()  # YAML gives true as a bool
+            recompute = self.old_log_probs_mode
             use_kl_reward = bool(algo.get("use_kl_in_reward", False))
             use_kl_loss = bool(algo.get("use_kl_loss", False))
+            from_rollout = recompute == "rollout"  # the engine's sampling log-probs as the behaviour policy
             need_old = (recompute == "true") or (recompute == "auto" and multi) or use_kl_reward
-            if recompute == "rollout":  # the engine's sampling log-probs as the behaviour policy
+            if from_rollout:
                 batch["old_log_probs"] = batch["rollout_log_probs"]
             elif need_old or use_kl_reward or use_kl_loss:
                 with timer("old_log_prob"):

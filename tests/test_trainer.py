@@ -275,3 +275,15 @@ def test_each_algorithm_config_feeds_its_estimator_from_a_real_rollout_batch(alg
     adv, returns = registry("advantage").get(algo["adv_estimator"])(batch, **adv_cfg)
     assert adv.shape == batch["responses"].shape and torch.isfinite(adv).all()
     assert bool((adv[batch["response_mask"] == 0] == 0).all())
+
+
+def test_an_unknown_old_log_probs_mode_is_an_error_naming_the_value(tmp_path):
+    from openmanus_rl_core.trainer import Trainer
+
+    cfg = compose(["env=word_copy", *SMALL, "algorithm.recompute_old_log_probs=maybe",
+                   f"trainer.run_dir={tmp_path / 'run'}"])
+    trainer = Trainer(cfg)
+    with pytest.raises(ValueError, match=r"recompute_old_log_probs must be one of \['auto', 'false', 'rollout', "
+                                         r"'true'\], got 'maybe'"):
+        trainer.setup()
+    assert trainer.actor is None  # failed before any worker started
