@@ -647,8 +647,8 @@ class Trainer:
         step = self.restore(path)
         # The lines logged after that checkpoint are dropped: those steps run again.
         self.metrics_logger.close()
-        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=bool(select(self.cfg, "trainer.tensorboard", True)),
-                                            resume_step=step)
+        tensorboard = bool(select(self.cfg, "trainer.tensorboard", True))
+        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=tensorboard, resume_step=step)
         return step
 
     def shutdown(self) -> None:

@@ -256,7 +256,8 @@ class VLLMEngine:
 
         vLLM's ``load_weights`` maps HF names onto its fused layers (qkv, gate/up) and skips ``lm_head.weight``
         of a model with tied embeddings. A LoRA actor pushes its adapters merged into the base weights
-        (``models.merge_lora_state``: HF names, no ``base_model.model.`` prefix). Tensors may live on any device and in any float dtype (copied in).
+        (``models.merge_lora_state``: HF names, no ``base_model.model.`` prefix). Tensors may live on any device
+        and in any float dtype (copied in).
         """
         if self._asleep and self.sleep_enabled and self._weights_asleep:
             self.llm.wake_up(tags=["weights"])  # weights only: the KV cache comes back at the next generate
