@@ -29,6 +29,7 @@ __all__ = [
     "reduce_metrics",
     "flatten_metrics",
     "make_run_dir",
+    "LearningSignalWatch",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -283,6 +284,38 @@ class Timer:
 
     def reset(self) -> None:
         self.timings.clear()
+
+
+class LearningSignalWatch:
+    """Says so, loudly, when a run learns nothing: every sample's advantage was 0 for ``patience`` steps in a row.
+
+    Group-based estimators (GRPO, RLOO, GiGPO) learn only from reward differences within a group, so a reward
+    that is the same for every sample (stuck at 0, a broken scorer, an env that always fails) gives zero
+    advantages and an update that changes nothing, while the run looks healthy. ``update(step, metrics)`` reads
+    ``train/zero_adv_frac`` (the fraction of samples whose advantages are all 0) and returns a warning to print
+    when the streak reaches ``patience`` (once per streak; ``patience <= 0`` turns the watch off). The warning
+    names the reward's mean and spread and each component's mean, which is where the cause usually shows.
+    """
+
+    def __init__(self, patience: int = 3):
+        self.patience = int(patience)
+        self.streak = 0
+
+    def update(self, step: int, metrics: Mapping[str, Any]) -> str | None:
+        frac = metrics.get("train/zero_adv_frac")
+        if self.patience <= 0 or frac is None:
+            return None
+        self.streak = self.streak + 1 if float(frac) >= 1.0 else 0
+        if self.streak != self.patience:
+            return None
+        parts = [f"{k[len('train/reward/'):-len('/mean')]} {float(v):.3f}" for k, v in sorted(metrics.items())
+                 if k.startswith("train/reward/") and k.endswith("/mean")]
+        mean, std = (float(metrics.get(f"train/reward_{k}", float("nan"))) for k in ("mean", "std"))
+        return (f"WARNING: no learning signal for {self.streak} steps (up to step {step}): every sample's advantage "
+                f"is 0, so the updates change nothing. Rewards: mean {mean:.3f}, std {std:.3f}"
+                + (f"; components (mean): {', '.join(parts)}" if parts else "")
+                + ". Group estimators learn from reward differences within a group: check the reward components, "
+                "raise rollout.n or rollout.temperature, or start from a better policy (warmup.enabled=true).")
 
 
 def reduce_metrics(items: Iterable[Mapping[str, Any]]) -> dict[str, float]:

@@ -444,6 +444,9 @@ class Trainer:
             if m.any():
                 metrics["train/advantages_mean"] = float(advantages[m].mean())
                 metrics["train/advantages_abs_mean"] = float(advantages[m].abs().mean())
+                rows = m.any(-1)  # samples with tokens to train (padding rows and env errors have none)
+                zero = ((advantages.abs() * m).sum(-1) == 0) & rows
+                metrics["train/zero_adv_frac"] = float(zero.sum()) / float(rows.sum())
 
             shards, pad = _shard_batch(batch, W)
             if self.critic is not None:
@@ -537,7 +540,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ fit
     def fit(self) -> dict[str, float]:
-        from openmanus_rl_core.metrics import MetricsLogger, ProgressBar, plot_rewards
+        from openmanus_rl_core.metrics import LearningSignalWatch, MetricsLogger, ProgressBar, plot_rewards
         from openmanus_rl_core.workers import WorkerGroupError
 
         cfg = self.cfg
@@ -580,6 +583,7 @@ class Trainer:
             self.log.bar = self.bar.bar
             ckpt_seconds = None
             restarts = 0
+            signal_watch = LearningSignalWatch(int(select(cfg, "trainer.no_signal_warn_steps", 3) or 0))
             step = start_step + 1
             while step <= self.total_steps:
                 try:
@@ -597,6 +601,9 @@ class Trainer:
                     self.metrics_logger.log(step, metrics)
                     self.pm.hook.openmanus_rl_step_end(step=step, metrics=metrics)
                     self.bar.update(step, metrics)
+                    warning = signal_watch.update(step, metrics)
+                    if warning:
+                        self.log(warning)
                     last = metrics
                     if (save_freq and step % save_freq == 0) or (is_last and select(cfg, "trainer.save_at_end", True)):
                         t0 = time.perf_counter()

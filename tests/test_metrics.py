@@ -126,3 +126,25 @@ def test_make_run_dir(tmp_path, capsys):
     assert f"run directory: {a}" in capsys.readouterr().out
     cfg.trainer.run_dir = str(tmp_path / "mine")
     assert make_run_dir(cfg) == tmp_path / "mine" and make_run_dir(cfg) == tmp_path / "mine"  # resume reuses it
+
+
+def test_learning_signal_watch_warns_once_per_streak_of_zero_advantages():
+    from openmanus_rl_core.metrics import LearningSignalWatch
+
+    watch = LearningSignalWatch(patience=3)
+    dead = {"train/zero_adv_frac": 1.0, "train/reward_mean": -0.1, "train/reward_std": 0.0,
+            "train/reward/goal/mean": 0.0, "train/reward/format/mean": -0.1, "train/reward/goal/errors": 0.0}
+    live = dict(dead, **{"train/zero_adv_frac": 0.5})
+    out = [watch.update(s, m) for s, m in enumerate([dead, dead, live, dead, dead, dead, dead, dead, dead], 1)]
+    # Steps 1-2 dead, 3 live (the streak resets), 4-6 dead: the warning comes at step 6, once for that streak.
+    assert [i + 1 for i, w in enumerate(out) if w] == [6]
+    msg = out[5]
+    assert msg.startswith("WARNING: no learning signal for 3 steps (up to step 6)")
+    assert "mean -0.100, std 0.000" in msg and "components (mean): format -0.100, goal 0.000" in msg
+    assert "raise rollout.n" in msg
+    # A new streak after a live step warns again; patience 0 and a run without the metric never warn.
+    assert [watch.update(s, m) is not None for s, m in [(10, live), (11, dead), (12, dead), (13, dead)]] == \
+        [False, False, False, True]
+    off = LearningSignalWatch(patience=0)
+    assert all(off.update(s, dead) is None for s in range(10))
+    assert LearningSignalWatch(1).update(1, {"train/reward_mean": 0.0}) is None

@@ -58,6 +58,7 @@ def grpo_run(ray_local, tmp_path_factory):
 @pytest.mark.slow
 def test_grpo_on_the_multi_turn_env_writes_metrics_and_checkpoints(grpo_run):
     recs = _records(grpo_run)
+    assert all(0.0 <= r["train/zero_adv_frac"] <= 1.0 for r in recs if r["step"] > 0)
     assert [r["step"] for r in recs] == [0, 1, 2, 3]
     step0 = recs[0]
     assert step0["val/reward_mean"] is not None and step0["warmup/loss"] > 0 and step0["warmup/seconds"] > 0
@@ -108,6 +109,25 @@ def test_eval_command_runs_a_saved_checkpoint(grpo_run, tmp_path, capsys):
     final = _records(grpo_run)[-1]
     assert result["reward_mean"] == pytest.approx(final["val/reward_mean"], abs=1e-6)
     assert result["success_rate"] == pytest.approx(final["val/success_rate"], abs=1e-6)
+
+
+def test_a_run_without_learning_signal_says_so(ray_local, tmp_path, capsys):
+    """The untrained model never finishes a key_door episode: with no warm-up every GRPO group gets one reward, all
+    advantages are 0, and after trainer.no_signal_warn_steps steps the run prints a warning naming the rewards."""
+    from openmanus_rl_core.trainer import train
+
+    run_dir = tmp_path / "flat"
+    cfg = compose(["env=key_door", "algorithm=grpo", *SMALL, "warmup.enabled=false", "trainer.total_steps=2",
+                   "trainer.no_signal_warn_steps=2", "trainer.val_freq=0", "trainer.val_before_train=false",
+                   "trainer.val_at_end=false", "trainer.save_at_end=false", f"trainer.run_dir={run_dir}"])
+    assert train(cfg) == 0
+    recs = [r for r in _records(run_dir) if r["step"] > 0]
+    assert [r["train/zero_adv_frac"] for r in recs] == [1.0, 1.0]
+    assert all(r["train/reward_std"] == 0.0 for r in recs)
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "WARNING: no learning signal for 2 steps (up to step 2)" in text
+    assert "components (mean): " in text and "goal 0.000" in text
 
 
 @pytest.mark.slow
