@@ -262,6 +262,25 @@ class _DistributedWorker:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         return float(bad.item()) == 0.0
 
+    def _clip_and_step(self, optimizer, loss: float, max_norm: float) -> tuple[float, bool]:
+        """Clip the gradients to ``max_norm`` (none when <= 0), then step ``optimizer`` only if the loss and the
+        gradient norm are finite on every rank; gradients are cleared either way. Returns ``(grad_norm, stepped)``.
+        """
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            norm = 0.0
+        else:
+            if max_norm and max_norm > 0:
+                total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            else:
+                total = torch.nn.utils.get_total_norm([p.grad for p in params])
+            norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # a DTensor under FSDP2
+        stepped = self._all_ranks_agree_finite(loss, norm)
+        if stepped:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm, stepped
+
     def _gather_full_state(self, model, copy: bool = False) -> dict | None:
         """Full model state dict on rank 0 (CPU); None on the other ranks. A collective.
 
@@ -521,12 +540,8 @@ class ActorWorker(_DistributedWorker):
                 _acc(stats, "actor/entropy", float(ent.detach()) * weight)
                 _acc(stats, "actor/pg_clipfrac", float(pg_metrics.get("clipfrac", 0.0)) * weight)
                 _acc(stats, "actor/ppo_kl", float(pg_metrics.get("approx_kl", 0.0)) * weight)
-            grad_norm = self._clip(grad_clip)
-            if self._all_ranks_agree_finite(loss_total, grad_norm):
-                self.optimizer.step()
-            else:
-                skipped += 1
-            self.optimizer.zero_grad(set_to_none=True)
+            grad_norm, stepped = self._clip_and_step(self.optimizer, loss_total, grad_clip)
+            skipped += not stepped
             stats["actor/loss"] = loss_total
             stats["actor/grad_norm"] = grad_norm
             for k, v in stats.items():
@@ -538,18 +553,6 @@ class ActorWorker(_DistributedWorker):
         metrics["actor/skipped_updates"] = float(skipped)
         metrics["actor/num_updates"] = float(count)
         return metrics
-
-    def _clip(self, max_norm: float) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if not params:
-            return 0.0
-        if max_norm and max_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        return float(norm)
 
     # ---------------------------------------------------------------------------------- supervised warm-up
     def sft_update(self, batch: Batch, lr: float, grad_clip: float = 1.0) -> dict[str, float]:
@@ -577,11 +580,7 @@ class ActorWorker(_DistributedWorker):
                                                 reduction="none").view_as(mask)
         loss = (nll * mask).sum() / mask.sum().clamp_min(1.0)
         loss.backward()
-        grad_norm = self._clip(grad_clip)
-        ok = self._all_ranks_agree_finite(float(loss.detach()), grad_norm)
-        if ok:
-            self.warm_optimizer.step()
-        self.warm_optimizer.zero_grad(set_to_none=True)
+        grad_norm, ok = self._clip_and_step(self.warm_optimizer, float(loss.detach()), grad_clip)
         with torch.no_grad():
             acc = ((logits.argmax(-1) == targets).to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1.0)
         return {"loss": float(loss.detach()), "grad_norm": grad_norm, "token_acc": float(acc), "skipped": float(not ok)}
@@ -746,17 +745,8 @@ class CriticWorker(_DistributedWorker):
                 total += float(loss.detach()) * weight
                 _acc(stats, "critic/vf_clipfrac", m.get("vf_clipfrac", 0.0) * weight)
                 _acc(stats, "critic/vpred_mean", m.get("vpred_mean", 0.0) * weight)
-            params = [p for p in self.model.parameters() if p.grad is not None]
-            if grad_clip > 0 and params:
-                gn = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            else:
-                gn = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.tensor(0.0)
-            gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
-            if self._all_ranks_agree_finite(total, gn):
-                self.optimizer.step()
-            else:
-                skipped += 1
-            self.optimizer.zero_grad(set_to_none=True)
+            gn, stepped = self._clip_and_step(self.optimizer, total, grad_clip)
+            skipped += not stepped
             stats["critic/vf_loss"] = total
             stats["critic/grad_norm"] = gn
             for k, v in stats.items():
