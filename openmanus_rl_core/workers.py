@@ -281,6 +281,20 @@ class _DistributedWorker:
         optimizer.zero_grad(set_to_none=True)
         return norm, stepped
 
+    def _finish_updates(self, role: str, per_update: list[dict[str, float]], skipped: int) -> dict[str, float]:
+        """End of one ``update`` call: advance the LR schedule; each stat averaged over the optimizer steps (a stat
+        missing from a step counts as 0), plus ``<role>/lr``, ``<role>/skipped_updates``, ``<role>/num_updates``."""
+        self.scheduler.step()
+        sums: dict[str, float] = {}
+        for stats in per_update:
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+        metrics = {k: v / max(1, len(per_update)) for k, v in sums.items()}
+        metrics[f"{role}/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics[f"{role}/skipped_updates"] = float(skipped)
+        metrics[f"{role}/num_updates"] = float(len(per_update))
+        return metrics
+
     def _gather_full_state(self, model, copy: bool = False) -> dict | None:
         """Full model state dict on rank 0 (CPU); None on the other ranks. A collective.
 
@@ -506,8 +520,7 @@ class ActorWorker(_DistributedWorker):
 
         batch = batch.to(self.device)
         self.model.train()
-        sums: dict[str, float] = {}
-        count = 0
+        per_update: list[dict[str, float]] = []  # one stats dict per optimizer step (mini-batch)
         skipped = 0
         for epoch, mb in _minibatches(batch, mini, epochs, bool(select(self.optim_cfg, "shuffle", True)),
                                       (self.seed, int(step), self.rank)):
@@ -544,15 +557,8 @@ class ActorWorker(_DistributedWorker):
             skipped += not stepped
             stats["actor/loss"] = loss_total
             stats["actor/grad_norm"] = grad_norm
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v
-            count += 1
-        self.scheduler.step()
-        metrics = {k: v / max(1, count) for k, v in sums.items()}
-        metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
-        metrics["actor/skipped_updates"] = float(skipped)
-        metrics["actor/num_updates"] = float(count)
-        return metrics
+            per_update.append(stats)
+        return self._finish_updates("actor", per_update, skipped)
 
     # ---------------------------------------------------------------------------------- supervised warm-up
     def sft_update(self, batch: Batch, lr: float, grad_clip: float = 1.0) -> dict[str, float]:
@@ -726,8 +732,8 @@ class CriticWorker(_DistributedWorker):
         mini = select(self.optim_cfg, "ppo_mini_batch_size")
         mini = None if mini is None else max(1, int(mini) // self.world_size)
         micro = select(self.optim_cfg, "micro_batch_size")
-        sums: dict[str, float] = {}
-        count = skipped = 0
+        per_update: list[dict[str, float]] = []
+        skipped = 0
         self.model.train()
         for epoch, mb in _minibatches(batch, mini, epochs, bool(select(self.optim_cfg, "shuffle", True)),
                                       (self.seed, int(step), self.rank, 1)):
@@ -749,14 +755,8 @@ class CriticWorker(_DistributedWorker):
             skipped += not stepped
             stats["critic/vf_loss"] = total
             stats["critic/grad_norm"] = gn
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v
-            count += 1
-        self.scheduler.step()
-        metrics = {k: v / max(1, count) for k, v in sums.items()}
-        metrics["critic/lr"] = float(self.optimizer.param_groups[0]["lr"])
-        metrics["critic/skipped_updates"] = float(skipped)
-        return metrics
+            per_update.append(stats)
+        return self._finish_updates("critic", per_update, skipped)
 
     def get_state(self) -> dict:
         model_sd = self._gather_full_state(self.model, copy=True)
