@@ -371,18 +371,14 @@ class Batch:
         if len(self.keys()) and len(other.keys()) and len(self) != len(other):
             raise ValueError(f"Batch.union: sizes differ ({len(self)} vs {len(other)})")
         tensors, non_tensors = dict(self.tensors), dict(self.non_tensors)
-        for key, value in other.tensors.items():
-            if key in non_tensors:
-                raise ValueError(f"Batch.union: {key!r} is a tensor in one batch and a non-tensor in the other")
-            if key in tensors and not _values_equal(tensors[key], value):
-                raise ValueError(f"Batch.union: tensor {key!r} differs between the two batches")
-            tensors[key] = value
-        for key, value in other.non_tensors.items():
-            if key in tensors:
-                raise ValueError(f"Batch.union: {key!r} is a tensor in one batch and a non-tensor in the other")
-            if key in non_tensors and not _values_equal(non_tensors[key], value):
-                raise ValueError(f"Batch.union: non-tensor {key!r} differs between the two batches")
-            non_tensors[key] = value
+        for kind, theirs, ours, opposite in (("tensor", other.tensors, tensors, non_tensors),
+                                             ("non-tensor", other.non_tensors, non_tensors, tensors)):
+            for key, value in theirs.items():
+                if key in opposite:
+                    raise ValueError(f"Batch.union: {key!r} is a tensor in one batch and a non-tensor in the other")
+                if key in ours and not _values_equal(ours[key], value):
+                    raise ValueError(f"Batch.union: {kind} {key!r} differs between the two batches")
+                ours[key] = value
         return self._new(tensors, non_tensors, _merge_meta([self.meta, other.meta], "Batch.union"))
 
     def pad_to_divisor(self, divisor: int) -> tuple[Batch, int]:

@@ -295,6 +295,33 @@ class _DistributedWorker:
         metrics[f"{role}/num_updates"] = float(len(per_update))
         return metrics
 
+    # ----------------------------------------------------------------------------------------- checkpoint
+    def _generators(self) -> dict[str, torch.Generator]:
+        """Named ``torch.Generator`` objects saved with the process RNG states (none by default)."""
+        return {}
+
+    def _weights_loaded(self, model_sd: Mapping) -> None:
+        """Called by :meth:`load_state` after the model got ``model_sd`` (the actor refreshes its engine)."""
+
+    def get_state(self) -> dict:
+        """Model/optimizer/scheduler (full, on rank 0; None elsewhere) and this rank's RNG states. A collective."""
+        model_sd = self._gather_full_state(self.model, copy=True)
+        optim_sd = self._gather_optim_state(self.model, self.optimizer)
+        state = {"rank": self.rank, "rng": capture_worker_rng(self._generators())}
+        if self.rank == 0:
+            state.update({"model": model_sd, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict()})
+        return state
+
+    def load_state(self, model_sd: Mapping, optim_sd: Mapping | None = None, scheduler_sd: Mapping | None = None,
+                   rng: Mapping | None = None) -> None:
+        """Load full model (and optimizer, scheduler, RNG) state. A collective."""
+        self._load_full_state(self.model, model_sd, self.optimizer if optim_sd is not None else None, optim_sd)
+        if scheduler_sd is not None:
+            self.scheduler.load_state_dict(dict(scheduler_sd))
+        if rng is not None:
+            restore_worker_rng(rng, self._generators())
+        self._weights_loaded(model_sd)
+
     def _gather_full_state(self, model, copy: bool = False) -> dict | None:
         """Full model state dict on rank 0 (CPU); None on the other ranks. A collective.
 
@@ -621,31 +648,15 @@ class ActorWorker(_DistributedWorker):
         return time.perf_counter() - t0
 
     # ----------------------------------------------------------------------------------------- checkpoint
-    def rng_state(self) -> dict:
-        return capture_worker_rng({"engine": self.engine.generator})
+    def _generators(self) -> dict[str, torch.Generator]:
+        return {"engine": self.engine.generator}  # the sampler: a resumed run draws the same samples
 
-    def get_state(self) -> dict:
-        """Model/optimizer/scheduler (full, on rank 0; None elsewhere) and this rank's RNG states. A collective."""
-        model_sd = self._gather_full_state(self.model, copy=True)
-        optim_sd = self._gather_optim_state(self.model, self.optimizer)
-        state = {"rank": self.rank, "rng": self.rng_state()}
-        if self.rank == 0:
-            state.update({"model": model_sd, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict()})
-        return state
+    def _weights_loaded(self, model_sd: Mapping) -> None:
+        self.engine.update_weights(self._engine_weights(model_sd))
 
     def get_model_state(self) -> dict | None:
         """The full model state dict on rank 0 (None elsewhere). A collective."""
         return self._gather_full_state(self.model, copy=True)
-
-    def load_state(self, model_sd: Mapping, optim_sd: Mapping | None = None, scheduler_sd: Mapping | None = None,
-                   rng: Mapping | None = None) -> None:
-        """Load full model (and optimizer, scheduler, RNG) state, then refresh the rollout engine. A collective."""
-        self._load_full_state(self.model, model_sd, self.optimizer if optim_sd is not None else None, optim_sd)
-        if scheduler_sd is not None:
-            self.scheduler.load_state_dict(dict(scheduler_sd))
-        if rng is not None:
-            restore_worker_rng(rng, {"engine": self.engine.generator})
-        self.engine.update_weights(self._engine_weights(model_sd))
 
     def _engine_weights(self, model_sd: Mapping) -> dict:
         """The training model's full state dict as the rollout engine loads it (LoRA adapters merged)."""
@@ -758,21 +769,6 @@ class CriticWorker(_DistributedWorker):
             per_update.append(stats)
         return self._finish_updates("critic", per_update, skipped)
 
-    def get_state(self) -> dict:
-        model_sd = self._gather_full_state(self.model, copy=True)
-        optim_sd = self._gather_optim_state(self.model, self.optimizer)
-        state = {"rank": self.rank, "rng": capture_worker_rng()}
-        if self.rank == 0:
-            state.update({"model": model_sd, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict()})
-        return state
-
-    def load_state(self, model_sd: Mapping, optim_sd: Mapping | None = None, scheduler_sd: Mapping | None = None,
-                   rng: Mapping | None = None) -> None:
-        self._load_full_state(self.model, model_sd, self.optimizer if optim_sd is not None else None, optim_sd)
-        if scheduler_sd is not None:
-            self.scheduler.load_state_dict(dict(scheduler_sd))
-        if rng is not None:
-            restore_worker_rng(rng)
 
 
 # ---------------------------------------------------------------------------------------------- utilities

@@ -16,30 +16,19 @@ def _blocks(text: str) -> dict[str, str]:
     return out
 
 
-def test_the_worked_example_installs_conforms_and_resolves(tmp_path, cli_env):
+def test_the_worked_example_installs_conforms_and_resolves(tmp_path, cli_env, throwaway_dists):
     files = _blocks(DOC.read_text())
     assert set(files) == {
         "pyproject.toml", "omrl_countdown/env.py", "omrl_countdown/configs/env/countdown.yaml",
         "omrl_countdown/hooks.py", "tests/test_countdown.py",
     }
-    root = tmp_path / "omrl-countdown"
-    for rel, body in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(body)
-    (root / "omrl_countdown" / "__init__.py").write_text("")
-    pip = [sys.executable, "-m", "pip"]
-    r = subprocess.run(pip + ["install", "--no-deps", "--no-build-isolation", "--no-index", "-q", str(root)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    try:
-        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                str(root / "tests")], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-        assert "2 passed" in tests.stdout, tests.stdout + tests.stderr
-        listed = subprocess.run(["openmanus-rl", "plugins", "env"], capture_output=True, text=True, env=cli_env)
-        row = [line.split() for line in listed.stdout.splitlines() if line.split()[1:2] == ["countdown"]]
-        assert row == [["env", "countdown", "omrl-countdown", "0.1.0", "ok"]]
-        shown = subprocess.run(["openmanus-rl", "train", "--cfg", "job", "env=countdown"], capture_output=True,
-                               text=True, env=cli_env)
-        assert "name: countdown" in shown.stdout and "start: 3" in shown.stdout, shown.stderr
-    finally:
-        subprocess.run(pip + ["uninstall", "-y", "-q", "omrl-countdown"], capture_output=True)
+    root = throwaway_dists.install("omrl-countdown", {**files, "omrl_countdown/__init__.py": ""})
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            str(root / "tests")], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert "2 passed" in tests.stdout, tests.stdout + tests.stderr
+    listed = subprocess.run(["openmanus-rl", "plugins", "env"], capture_output=True, text=True, env=cli_env)
+    row = [line.split() for line in listed.stdout.splitlines() if line.split()[1:2] == ["countdown"]]
+    assert row == [["env", "countdown", "omrl-countdown", "0.1.0", "ok"]]
+    shown = subprocess.run(["openmanus-rl", "train", "--cfg", "job", "env=countdown"], capture_output=True,
+                           text=True, env=cli_env)
+    assert "name: countdown" in shown.stdout and "start: 3" in shown.stdout, shown.stderr

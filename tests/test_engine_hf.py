@@ -14,13 +14,7 @@ TEXTS = ["<action>open box</action> The box is open.", "say apple", "the note sa
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # A tiny model's steps are too small to split across threads; on a busy CPU extra threads only spin.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -52,23 +51,10 @@ def compute_score(solution_str, ground_truth, data_source=None, **kwargs):
 '''
 
 
-def _pip(*args):
-    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture
-def fn_reward_dist(tmp_path):
-    root = tmp_path / DIST
-    (root / PKG).mkdir(parents=True)
-    (root / "pyproject.toml").write_text(PYPROJECT)
-    (root / PKG / "__init__.py").write_text("")
-    (root / PKG / "score.py").write_text(SCORE)
-    result = _pip("install", "--no-deps", "--no-build-isolation", "--no-index", "-q", str(root))
-    assert result.returncode == 0, result.stderr
-    try:
-        yield root
-    finally:
-        _pip("uninstall", "-y", "-q", DIST)
+def fn_reward_dist(throwaway_dists):
+    return throwaway_dists.install(DIST, {"pyproject.toml": PYPROJECT, f"{PKG}/__init__.py": "",
+                                          f"{PKG}/score.py": SCORE})
 
 
 @pytest.mark.slow

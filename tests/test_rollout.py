@@ -133,12 +133,7 @@ def last_token(reward, turn_rewards, segments, length):
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

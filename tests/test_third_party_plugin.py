@@ -7,9 +7,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
-
-import pytest
 
 DIST = "omrl-thirdparty-demo"
 PKG = "omrl_thirdparty_demo"
@@ -129,34 +126,16 @@ val_tasks: 2
 """
 
 
-def _pip(*args):
-    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=300)
-
-
 def _cli(cli_env, *args):
     return subprocess.run(["openmanus-rl", *args], capture_output=True, text=True, env=cli_env, timeout=120)
 
 
-@pytest.fixture
-def thirdparty_dist(tmp_path):
-    root = tmp_path / DIST
-    pkg = root / PKG
-    (pkg / "configs" / "env").mkdir(parents=True)
-    (root / "pyproject.toml").write_text(PYPROJECT)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "components.py").write_text(COMPONENTS)
-    (pkg / "hooks.py").write_text(HOOKS)
-    (pkg / "broken.py").write_text("raise ImportError('tp_broken needs libfoo, which is not installed')\nEnv = None\n")
-    (pkg / "configs" / "env" / "tp_countdown.yaml").write_text(ENV_YAML)
-    result = _pip("install", "--no-deps", "--no-build-isolation", "--no-index", "-q", str(root))
-    assert result.returncode == 0, result.stderr
-    try:
-        yield root
-    finally:
-        _pip("uninstall", "-y", "-q", DIST)
-
-
-def test_thirdparty_plugin_is_found_selected_used_and_gone_after_uninstall(thirdparty_dist, cli_env):
+def test_thirdparty_plugin_is_found_selected_used_and_gone_after_uninstall(throwaway_dists, cli_env):
+    throwaway_dists.install(DIST, {
+        "pyproject.toml": PYPROJECT, f"{PKG}/__init__.py": "", f"{PKG}/components.py": COMPONENTS,
+        f"{PKG}/hooks.py": HOOKS, f"{PKG}/configs/env/tp_countdown.yaml": ENV_YAML,
+        f"{PKG}/broken.py": "raise ImportError('tp_broken needs libfoo, which is not installed')\nEnv = None\n",
+    })
     # 1. listed through metadata, with its distribution and version
     listed = _cli(cli_env, "plugins", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -207,7 +186,7 @@ def test_thirdparty_plugin_is_found_selected_used_and_gone_after_uninstall(third
     assert used.stdout.strip() == "Start at 3. 4 True -2.0 [1.0, 0.0, 0.0, 0.0, 0.0]"
 
     # 4. uninstalled: gone from the listing and from Hydra
-    assert _pip("uninstall", "-y", "-q", DIST).returncode == 0
+    assert throwaway_dists.uninstall(DIST).returncode == 0
     rows = {(r["kind"], r["name"]) for r in json.loads(_cli(cli_env, "plugins", "--json").stdout)}
     assert ("env", "tp_countdown") not in rows and ("reward", "tp_turns") not in rows
     gone = _cli(cli_env, "train", "--cfg", "job", "env=tp_countdown")

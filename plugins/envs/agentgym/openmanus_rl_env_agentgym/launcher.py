@@ -382,6 +382,11 @@ class ServerLauncher:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        # The leader is the guard: when the group was killed at once (SIGKILL), the server below it may still be
+        # closing its socket. A restart on this port must not find it taken.
+        deadline = time.monotonic() + self.stop_timeout
+        while self._port_in_use(server.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _log_tail(self, port: int, lines: int = 15) -> str:
         try:

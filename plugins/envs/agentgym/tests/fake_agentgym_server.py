@@ -81,11 +81,15 @@ def build_app(shape: str, prefix: str = "", chaos: bool = False) -> FastAPI:
             return None
         return data if isinstance(data, dict) else None
 
-    def game_for(data: dict[str, Any]) -> tuple[int | None, str | None]:
+    async def game_request(request: Request) -> tuple[dict[str, Any], int | None, str | None]:
+        """The request's JSON object, the game id it names, and an error message when either is bad."""
+        data = await body_of(request)
+        if data is None:
+            return {}, None, "the body must be a JSON object"
         env_id = data.get(key)
         if not isinstance(env_id, int) or isinstance(env_id, bool) or env_id not in games:
-            return None, f"The id {env_id!r} is not valid."
-        return env_id, None
+            return data, None, f"The id {env_id!r} is not valid."
+        return data, env_id, None
 
     @app.get("/")
     async def hello() -> str:
@@ -100,10 +104,7 @@ def build_app(shape: str, prefix: str = "", chaos: bool = False) -> FastAPI:
 
     @router.post("/reset")
     async def reset(request: Request) -> Any:
-        data = await body_of(request)
-        if data is None:
-            return {"error": "the body must be a JSON object"}
-        env_id, err = game_for(data)
+        data, env_id, err = await game_request(request)
         if err:
             return {"error": err}
         index = next((data[k] for k in INDEX_KEYS if k != key and k in data), None)
@@ -116,10 +117,7 @@ def build_app(shape: str, prefix: str = "", chaos: bool = False) -> FastAPI:
 
     @router.post("/step")
     async def step(request: Request) -> Any:
-        data = await body_of(request)
-        if data is None:
-            return {"error": "the body must be a JSON object"}
-        env_id, err = game_for(data)
+        data, env_id, err = await game_request(request)
         if err:
             return {"error": err}
         action = data.get("action")
