@@ -1,7 +1,7 @@
 """The ``openmanus-rl`` command.
 
     openmanus-rl plugins [KIND] [--json] [--check]
-    openmanus-rl train   [--cfg job] [key=value ...]      # Hydra overrides, e.g. env=textcraft algorithm=ppo
+    openmanus-rl train   [--cfg job] [key=value ...]      # Hydra overrides, e.g. env=key_door algorithm=ppo
     openmanus-rl rollout [--cfg job] [key=value ...]
     openmanus-rl eval    [--cfg job] [key=value ...]
     openmanus-rl data make [--cfg job] [key=value ...]
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         if command in SUBACTIONS:
             j.add_argument("action", choices=SUBACTIONS[command])
         j.add_argument("--cfg", choices=["job"], help="print the composed config and exit")
-        j.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. env=textcraft trainer.total_steps=10")
+        j.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. env=key_door trainer.total_steps=10")
     return parser
 
 

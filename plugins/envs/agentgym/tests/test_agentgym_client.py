@@ -102,17 +102,17 @@ def textcraft(id_server):
 def test_every_agentgym_env_has_a_spec_an_entry_point_and_a_config():
     assert set(env_names()) == AGENTGYM_ENVS
     installed = set(registry("env").names())
-    assert AGENTGYM_ENVS <= installed
+    assert {f"agentgym_{n}" for n in AGENTGYM_ENVS} <= installed
     for name in AGENTGYM_ENVS:
         spec = get_spec(name)
         assert spec.protocol in ("id", "env_idx") and spec.command and "{port}" in spec.command
-        env = registry("env").build(name)  # lazy: no server needed until reset
+        env = registry("env").build(f"agentgym_{name}")  # lazy: no server needed until reset
         assert isinstance(env, AgentGymEnv) and isinstance(env, Env)
         assert env.spec.name == name and env.num_tasks == spec.num_tasks > 0 and env.instruction
         env.close()
 
-        cfg = OmegaConf.load(PKG / "configs" / "env" / f"{name}.yaml")
-        assert cfg.name == name
+        cfg = OmegaConf.load(PKG / "configs" / "env" / f"agentgym_{name}.yaml")
+        assert cfg.name == f"agentgym_{name}"
         kwargs = OmegaConf.to_container(cfg.kwargs, resolve=True)
         assert kwargs["launcher"]["command"] == spec.command
         assert kwargs["launcher"]["base_port"] == kwargs["base_port"]
@@ -149,7 +149,7 @@ def test_hooks_contribute_the_config_dir():
     from openmanus_rl_env_agentgym import hooks
 
     (path,) = hooks.openmanus_rl_config_dirs()
-    assert {p.stem for p in (Path(path) / "env").glob("*.yaml")} == AGENTGYM_ENVS
+    assert {p.stem for p in (Path(path) / "env").glob("*.yaml")} == {f"agentgym_{n}" for n in AGENTGYM_ENVS}
 
 
 def canned(env: AgentGymEnv, answers: dict) -> list:
@@ -464,7 +464,7 @@ def test_factories_round_robin_and_autostart():
     assert urls == [f"http://127.0.0.1:{base + i}" for i in (0, 1, 2, 0)]
 
     launcher_opts = {"command": fake_command("env_idx"), "health_timeout": 30, "num_servers": 99}
-    env = registry("env").build("webshop", base_port=base, num_servers=1, autostart=True, launcher=launcher_opts,
+    env = registry("env").build("agentgym_webshop", base_port=base, num_servers=1, autostart=True, launcher=launcher_opts,
                                 timeout=5)
     try:
         assert env.base_url == f"http://127.0.0.1:{base}"
