@@ -18,6 +18,7 @@ import sys
 from typing import Sequence
 
 from openmanus_rl_core import registry
+from openmanus_rl_core.config import ConfigError
 from openmanus_rl_core.registry import KINDS, PluginError
 
 # command -> "module:function(cfg)"; imported only when that command runs.
@@ -60,14 +61,15 @@ def _plugins(args: argparse.Namespace) -> int:
 
 
 def _job(command: str, args: argparse.Namespace) -> int:
-    from openmanus_rl_core.config import compose, to_yaml
+    from openmanus_rl_core.config import check, compose, to_yaml
 
     cfg = compose(list(args.overrides))
     if args.cfg:
         print(to_yaml(cfg), end="")
         return 0
+    typed = check(cfg, training=command == "train")  # before the job imports torch or starts anything
     module, func = JOBS[command].split(":")
-    return int(getattr(importlib.import_module(module), func)(cfg) or 0)
+    return int(getattr(importlib.import_module(module), func)(typed) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except PluginError as exc:
+    except (ConfigError, PluginError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:

@@ -1,12 +1,19 @@
-"""Hydra configuration: the core's config tree plus every folder plugins contribute.
+"""Hydra configuration: the typed schema, the core's config tree plus every folder plugins contribute, and the
+check of the whole composed config before anything starts.
 
-The core ships ``configs/`` (``config.yaml`` and the ``algorithm``, ``model``, ``rollout``, ``trainer``,
-``data`` groups); plugins add group options (``env/<name>.yaml``, ``reward/<name>.yaml`` ...) through the
+:class:`~openmanus_rl_core.schema.Config` (every key, type and default) is registered in Hydra's ConfigStore as
+``schema``; ``configs/config.yaml`` composes on top of it and chooses the options (``algorithm/grpo.yaml`` ...);
+plugins add group options (``env/<name>.yaml``, ``reward/<name>.yaml`` ...) through the
 ``openmanus_rl_config_dirs`` hook, so a freshly installed plugin is selectable with ``env=<name>``.
+
+:func:`load` composes and checks: a bad value raises :class:`ConfigError`, one line naming the key, the value and
+what is allowed (``openmanus-rl`` prints it and exits with status 2).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib.resources
 from pathlib import Path
 from typing import Any, Sequence
@@ -14,23 +21,11 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from openmanus_rl_core.plugins import make_plugin_manager
+from openmanus_rl_core.schema import RULES, Config
 
 
-def select(cfg: Any, dotted: str, default: Any = None) -> Any:
-    """``cfg.a.b`` for ``"a.b"``, or ``default`` when a key is missing or null.
-
-    Works on a DictConfig, plain dicts and attribute objects; a missing key in a struct-mode DictConfig or an
-    unresolvable interpolation reads as missing.
-    """
-    node = cfg
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        try:
-            node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
-        except Exception:
-            return default
-    return default if node is None else node
+class ConfigError(ValueError):
+    """A bad configuration value: one line naming the key, the value and what is allowed."""
 
 
 def core_config_dir() -> Path:
@@ -56,12 +51,168 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config", pm=None)
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="schema", node=Config)
     searchpath = plugin_config_dirs(pm)
     extra = [f"hydra.searchpath=[{','.join(searchpath)}]"] if searchpath else []
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(core_config_dir()), version_base="1.3", job_name="openmanus_rl"):
-        cfg = hydra_compose(config_name=config_name, overrides=list(overrides) + extra)
-    return cfg
+    try:
+        with initialize_config_dir(config_dir=str(core_config_dir()), version_base="1.3", job_name="openmanus_rl"):
+            return hydra_compose(config_name=config_name, overrides=list(overrides) + extra)
+    except Exception as exc:
+        raise _explain(exc, overrides) from None
+
+
+def load(overrides: Sequence[str] = (), pm=None, training: bool = True) -> Config:
+    """The composed, checked, typed config (raises :class:`ConfigError`)."""
+    return check(compose(overrides, pm=pm), training=training)
+
+
+def check(cfg: DictConfig | Config, training: bool = True) -> Config:
+    """``cfg`` as a typed :class:`Config` with interpolations resolved, after the range checks, the component
+    names and, for a training run (``training``), the cross-field rules of training."""
+    if isinstance(cfg, Config):
+        typed = cfg
+    else:
+        _check_known_keys(cfg, Config, "")
+        try:
+            typed = OmegaConf.to_object(cfg)
+        except Exception as exc:
+            raise _explain(exc, ()) from None
+    _check_fields(typed, "")
+    for rule in RULES if training else ():
+        problem = rule(typed)
+        if problem:
+            raise ConfigError(problem)
+    _check_components(typed)
+    return typed
+
+
+def _check_components(c: Config) -> None:
+    """Every component name resolves in its registry (metadata only, nothing imported); an unknown one raises
+    :class:`~openmanus_rl_core.registry.UnknownPluginError` with close matches."""
+    from openmanus_rl_core.registry import registry
+
+    names = [("env", c.env.name), ("template", c.template.name), ("allocator", c.allocator.name),
+             ("advantage", c.algorithm.adv_estimator), ("loss", c.algorithm.policy_loss), ("engine", c.rollout.engine)]
+    names += [("reward", spec.name) for spec in c.reward.components.values()]
+    for kind, name in names:
+        registry(kind).resolve(name)
+
+
+def _check_known_keys(node: Any, schema: type, prefix: str) -> None:
+    """A key the schema does not have (added with ``+key=value``) is an error, answered with close matches."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        if key not in fields:
+            raise ConfigError(_unknown(f"{prefix}{key}", None, list(fields)))
+        sub = fields[key].default_factory() if fields[key].default_factory is not dataclasses.MISSING else None
+        child = node._get_node(key)
+        if dataclasses.is_dataclass(sub) and isinstance(child, DictConfig):
+            _check_known_keys(child, type(sub), f"{prefix}{key}.")
+
+
+def _unknown(key: str, given: str | None, known: Sequence[str]) -> str:
+    parent, _, leaf = key.rpartition(".")
+    full = [f"{parent}.{k}" if parent else k for k in known]
+    close = difflib.get_close_matches(leaf, list(known), n=3, cutoff=0.6)
+    hint = (f"did you mean {' or '.join(f'{parent}.{c}' if parent else c for c in close)}?" if close
+            else f"known keys: {', '.join(full)}")
+    return f"{key}{'' if given is None else '=' + given}: unknown key; {hint}"
+
+
+def _check_fields(node: Any, prefix: str) -> None:
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_fields(value, key + ".")
+            continue
+        if isinstance(value, dict) and value and all(dataclasses.is_dataclass(v) for v in value.values()):
+            for label, sub in value.items():
+                _check_fields(sub, f"{key}.{label}.")
+            continue
+        if value is None:
+            continue
+        meta = f.metadata
+        if meta.get("choices") is not None and value not in meta["choices"]:
+            raise ConfigError(f"{key}={value}: allowed values are {', '.join(map(str, meta['choices']))}")
+        if meta.get("ge") is not None and not value >= meta["ge"]:
+            raise ConfigError(f"{key}={value}: must be >= {meta['ge']:g}")
+        if meta.get("gt") is not None and not value > meta["gt"]:
+            raise ConfigError(f"{key}={value}: must be > {meta['gt']:g}")
+
+
+def schema_keys(node: Any = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema (open mappings count as one key)."""
+    out: list[str] = []
+    for f in dataclasses.fields(node):
+        sub = f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+        if dataclasses.is_dataclass(sub):
+            out += schema_keys(type(sub), f"{prefix}{f.name}.")
+        else:
+            out.append(f"{prefix}{f.name}")
+    return out
+
+
+def _expected(key: str) -> str | None:
+    """What the schema field at ``key`` takes, in words (None for an unknown key)."""
+    node: Any = Config
+    for part in key.split("."):
+        found = {f.name: f for f in dataclasses.fields(node)}.get(part)
+        if found is None:
+            return None
+        if found.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(found.default_factory()):
+            node = type(found.default_factory())
+            continue
+        kind = str(found.type)
+        words = next((w for t, w in (("List", "a list"), ("Dict", "a mapping"), ("bool", "true or false"),
+                                     ("int", "an integer"), ("float", "a number"), ("str", "a string"))
+                      if t in kind), None)
+        return f"{words} or null" if words and "Optional" in kind else words
+    return None
+
+
+def _override_value(overrides: Sequence[str], key: str) -> str | None:
+    for o in overrides:
+        name, sep, value = o.lstrip("+~").partition("=")
+        if sep and name == key:
+            return value
+    return None
+
+
+def _explain(exc: Exception, overrides: Sequence[str]) -> Exception:
+    """Hydra's / OmegaConf's composition error as one :class:`ConfigError` line (a "did you mean" for a
+    misspelled key or option); other errors unchanged."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, (OmegaConfBaseException, MissingConfigException)):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, MissingConfigException):
+        import re
+
+        found = re.search(r"Could not find '([^']+)'", str(cause))
+        options = list(getattr(cause, "options", None) or [])
+        group, _, wanted = (found.group(1) if found else str(cause).splitlines()[0]).rpartition("/")
+        close = difflib.get_close_matches(wanted, options, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(f'{group}={c}' for c in close)}?" if close else ""
+        allowed = f" (options: {', '.join(options)})" if options else ""
+        return ConfigError(f"{group or 'config'}={wanted}: no such option{hint}{allowed}")
+    if not isinstance(cause, OmegaConfBaseException):
+        return exc
+    key = str(getattr(cause, "full_key", "") or "")
+    given = _override_value(overrides, key)
+    if isinstance(cause, ConfigKeyError) or "not in struct" in str(cause) or "Key '" in str(cause):
+        parent = key.rpartition(".")[0]
+        known = [k.rpartition(".")[2] for k in schema_keys() if k.rpartition(".")[0] == parent]
+        return ConfigError(_unknown(key, given, known))
+    if isinstance(cause, ValidationError):
+        what = str(cause).strip().splitlines()[0]
+        value = given if given is not None else what.partition("'")[2].partition("'")[0]
+        return ConfigError(f"{key}={value}: must be {_expected(key) or what}")
+    return ConfigError(f"{key}: {str(cause).strip().splitlines()[0]}")
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -38,7 +38,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from openmanus_rl_core.config import select
 
 __all__ = [
     "DataError",
@@ -387,19 +386,14 @@ def _env_num_tasks(cfg: Any) -> int | None:
     Building the env can fail (an AgentGym server not running); then the count is unknown and the
     ids are not wrapped.
     """
-    configured = select(cfg, "env.num_tasks")
-    if configured is not None:
-        return int(configured)
-    from openmanus_rl_core.registry import PluginLoadError, registry
+    if cfg.env.num_tasks is not None:
+        return cfg.env.num_tasks
+    from openmanus_rl_core.registry import PluginLoadError, build, registry
 
-    name = select(cfg, "env.name")
-    factory = registry("env").get(name)  # an unknown name raises here, with close matches suggested
-    kwargs = select(cfg, "env.kwargs", {}) or {}
+    name = cfg.env.name
+    registry("env").get(name)  # an unknown name raises here, with close matches suggested
     try:
-        from omegaconf import OmegaConf
-
-        kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else dict(kwargs)
-        env = factory(**kwargs)
+        env = build("env", cfg.env)
     except PluginLoadError:
         raise
     except Exception as exc:  # the env's own constructor: anything may fail (a server that is not up)
@@ -423,19 +417,15 @@ def _add_env_task_fields(cfg: Any, *splits: list[dict]) -> None:
     ``Trajectory.task``. The generated ``task_id``/``seed``/``split``/``env`` are kept. Envs without the method are
     not built here.
     """
-    from openmanus_rl_core.registry import PluginError, registry
+    from openmanus_rl_core.registry import PluginError, build, registry
 
     try:
-        factory = registry("env").get(select(cfg, "env.name"))
+        factory = registry("env").get(cfg.env.name)
     except PluginError:  # not installed / not importable here: the rows stay as generated (as before)
         return
     if not callable(getattr(factory, "task_fields", None)):
         return
-    kwargs = select(cfg, "env.kwargs", {}) or {}
-    from omegaconf import OmegaConf
-
-    kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else dict(kwargs)
-    env = factory(**kwargs)
+    env = build("env", cfg.env)
     try:
         for rows in splits:
             for row in rows:
@@ -448,13 +438,8 @@ def _add_env_task_fields(cfg: Any, *splits: list[dict]) -> None:
 
 
 def _write_split_files(cfg: Any, out_dir: Path, which: Sequence[str] = ("train", "val")) -> dict[str, Path]:
-    env = select(cfg, "env.name")
-    if not env:
-        raise DataError("no env selected: pass env=<name> (`openmanus-rl plugins env` lists the installed ones)")
-    train_n = select(cfg, "env.train_tasks", select(cfg, "data.train_tasks", 256))
-    val_n = select(cfg, "env.val_tasks", select(cfg, "data.val_tasks", 64))
-    seed = select(cfg, "data.seed", select(cfg, "seed", 0))
-    train, val = generate_tasks(str(env), int(train_n), int(val_n), int(seed), _env_num_tasks(cfg))
+    train, val = generate_tasks(cfg.env.name, cfg.env.train_tasks, cfg.env.val_tasks, cfg.data.seed,
+                                _env_num_tasks(cfg))
     _add_env_task_fields(cfg, train, val)
     out = {}
     for split, tasks in (("train", train), ("val", val)):
@@ -465,10 +450,7 @@ def _write_split_files(cfg: Any, out_dir: Path, which: Sequence[str] = ("train",
 
 def make(cfg: Any) -> int:
     """``openmanus-rl data make env=<name>``: write ``train.parquet`` and ``val.parquet`` into ``data.dir``."""
-    out_dir = select(cfg, "data.dir")
-    if not out_dir:
-        raise DataError("data.dir is not set; pass data.dir=<folder>")
-    paths = _write_split_files(cfg, Path(str(out_dir)).expanduser())
+    paths = _write_split_files(cfg, Path(cfg.data.dir).expanduser())
     for split, p in paths.items():
         n = pq.read_metadata(p).num_rows
         print(f"{split}: {p} ({n} tasks)")
@@ -482,7 +464,7 @@ def ensure_task_files(cfg: Any, out_dir: str | os.PathLike) -> tuple[Any, Any]:
     would) into ``out_dir/train.parquet`` / ``out_dir/val.parquet``; set ones are returned as given
     (a path or a list of paths) after checking that they exist.
     """
-    given = {"train": select(cfg, "data.train_files"), "val": select(cfg, "data.val_files")}
+    given = {"train": cfg.data.train_files, "val": cfg.data.val_files}
     for split, files in given.items():
         if files is not None:
             for f in ([files] if isinstance(files, (str, os.PathLike)) else list(files)):

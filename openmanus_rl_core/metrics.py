@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from openmanus_rl_core.config import select
 
 __all__ = [
     "MetricsLogger",
@@ -342,16 +341,15 @@ def make_run_dir(cfg: Any, now: _dt.datetime | None = None, announce: bool = Tru
     """Create and return the run directory, and print it.
 
     ``cfg.trainer.run_dir`` when set (resuming reuses it), else
-    ``<cfg.trainer.output_dir or "outputs">/<YYYY-MM-DD>/<HH-MM-SS>-<env name>`` (with ``-1``,
+    ``<cfg.trainer.output_dir>/<YYYY-MM-DD>/<HH-MM-SS>-<env name>`` (with ``-1``,
     ``-2``... appended if two runs start in the same second).
     """
-    explicit = select(cfg, "trainer.run_dir")
-    if explicit:
-        path = Path(str(explicit)).expanduser()
+    if cfg.trainer.run_dir:
+        path = Path(cfg.trainer.run_dir).expanduser()
     else:
         now = now or _dt.datetime.now()
-        env = str(select(cfg, "env.name", "run")).replace("/", "_").replace(":", "_")
-        base = Path(str(select(cfg, "trainer.output_dir", "outputs"))).expanduser()
+        env = cfg.env.name.replace("/", "_").replace(":", "_")
+        base = Path(cfg.trainer.output_dir).expanduser()
         stem = base / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S')}-{env}"
         path, i = stem, 0
         while True:  # mkdir without exist_ok: two runs starting in the same second get distinct folders

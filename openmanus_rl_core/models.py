@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from openmanus_rl_core.schema import LoraConfig, ModelConfig
+
 __all__ = [
     "ENDOFTEXT",
     "IM_START",
@@ -28,6 +30,7 @@ __all__ = [
     "build_tokenizer",
     "build_tiny_model",
     "load_model_and_tokenizer",
+    "load_tokenizer",
     "apply_lora",
 ]
 
@@ -175,69 +178,52 @@ def _dtype(dtype: Any):
     return value
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    if isinstance(cfg, Mapping):
-        return cfg.get(key, default)
-    try:
-        return cfg.get(key, default)  # DictConfig
-    except AttributeError:
-        return getattr(cfg, key, default)
+def load_tokenizer(model_dir: str):
+    """The tokenizer of a local Hugging Face folder, padding on the left, pad = eos when it has no pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, padding_side="left")
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def load_model_and_tokenizer(
-    model_cfg: Any,
+    model_cfg: ModelConfig,
     corpus: Iterable[str] | None = None,
     save_dir: str | Path | None = None,
 ):
     """``(model, tokenizer)`` as ``cfg.model`` describes them.
 
-    - ``model_cfg.path`` set: ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained(path)`` from a local
-      folder (never the hub: ``local_files_only=True``); the tokenizer's padding side is forced to left.
-    - otherwise: the tiny default from ``model_cfg.tiny`` (``vocab_size``, ``hidden_size``, ``num_layers``,
-      ``num_heads``, ``num_kv_heads``, ``intermediate_size``, ``max_position_embeddings``, ``head_dim``, ``seed``,
-      ``initializer_range``), its tokenizer trained on ``corpus``.
+    - ``model_cfg.path`` set: ``AutoModelForCausalLM`` / :func:`load_tokenizer` from a local folder (never the
+      hub: ``local_files_only=True``).
+    - otherwise: the tiny default from ``model_cfg.tiny``, its tokenizer trained on ``corpus``.
 
     ``model_cfg.dtype`` (float32 / bfloat16 / float16) sets the weights' dtype. ``save_dir`` (or
     ``model_cfg.save_dir``): ``save_pretrained`` both there, so other processes load the very same files with
     ``path=save_dir``. LoRA is not applied here (see :func:`apply_lora`; the trainer decides where).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import dataclasses
 
-    path = _get(model_cfg, "path")
-    dtype = _dtype(_get(model_cfg, "dtype", "float32"))
-    if path:
-        p = Path(str(path)).expanduser()
+    from transformers import AutoModelForCausalLM
+
+    dtype = _dtype(model_cfg.dtype)
+    if model_cfg.path:
+        p = Path(model_cfg.path).expanduser()
         if not p.exists():
             raise FileNotFoundError(
-                f"model.path={str(path)!r} does not exist; give a local folder holding a Hugging Face model "
+                f"model.path={model_cfg.path!r} does not exist; give a local folder holding a Hugging Face model "
                 "(config.json, weights, tokenizer files), or set model.path=null for the embedded tiny model"
             )
-        tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True, padding_side="left")
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer = load_tokenizer(str(p))
         model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=dtype)
         model.eval()
     else:
-        tiny = _get(model_cfg, "tiny") or {}
-        texts = list(corpus) if corpus is not None else []
-        tokenizer = build_tokenizer(texts, vocab_size=int(_get(tiny, "vocab_size", 512)))
-        model = build_tiny_model(
-            tokenizer,
-            hidden_size=int(_get(tiny, "hidden_size", 64)),
-            num_layers=int(_get(tiny, "num_layers", 2)),
-            num_heads=int(_get(tiny, "num_heads", 4)),
-            num_kv_heads=int(_get(tiny, "num_kv_heads", 2)),
-            intermediate_size=int(_get(tiny, "intermediate_size", 256)),
-            max_position_embeddings=int(_get(tiny, "max_position_embeddings", 1024)),
-            seed=int(_get(tiny, "seed", 0)),
-            head_dim=_get(tiny, "head_dim"),
-            dtype=dtype,
-            initializer_range=float(_get(tiny, "initializer_range", 0.02)),
-        )
-    save_dir = save_dir or _get(model_cfg, "save_dir")
+        tiny = dataclasses.asdict(model_cfg.tiny)
+        tokenizer = build_tokenizer(list(corpus) if corpus is not None else [], vocab_size=tiny.pop("vocab_size"))
+        model = build_tiny_model(tokenizer, dtype=dtype, **tiny)
+    save_dir = save_dir or model_cfg.save_dir
     if save_dir:
         Path(str(save_dir)).mkdir(parents=True, exist_ok=True)
         model.save_pretrained(str(save_dir))
@@ -245,35 +231,25 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
-def apply_lora(model, lora_cfg: Any):
-    """Wrap ``model`` with PEFT LoRA when ``lora_cfg.enabled``; otherwise return it unchanged.
-
-    ``lora_cfg``: ``enabled``, ``r``, ``alpha``, ``dropout`` (0), ``use_rslora`` (False: scale ``alpha / r``;
-    True: ``alpha / sqrt(r)``), ``target_modules`` (list of module names).
-    """
-    if not _get(lora_cfg, "enabled", False):
+def apply_lora(model, lora_cfg: LoraConfig):
+    """Wrap ``model`` with PEFT LoRA when ``lora_cfg.enabled``; otherwise return it unchanged (``use_rslora``
+    False: ``B @ A`` scaled by ``alpha / r``; True: ``alpha / sqrt(r)``)."""
+    if not lora_cfg.enabled:
         return model
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
 
-    targets = _get(lora_cfg, "target_modules", ["q_proj", "v_proj"])
-    config = LoraConfig(
-        r=int(_get(lora_cfg, "r", 8)),
-        lora_alpha=float(_get(lora_cfg, "alpha", 16)),
-        lora_dropout=float(_get(lora_cfg, "dropout", 0.0)),
-        use_rslora=bool(_get(lora_cfg, "use_rslora", False)),
-        target_modules=list(targets),
-        task_type="CAUSAL_LM",
-    )
+    config = PeftLoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+                            use_rslora=lora_cfg.use_rslora, target_modules=list(lora_cfg.target_modules),
+                            task_type="CAUSAL_LM")
     return get_peft_model(model, config)
 
 
-def lora_scaling(lora_cfg: Any) -> float:
+def lora_scaling(lora_cfg: LoraConfig) -> float:
     """The factor PEFT multiplies ``B @ A`` by: ``alpha / r``, or ``alpha / sqrt(r)`` with ``use_rslora``."""
-    r = int(_get(lora_cfg, "r", 8))
-    alpha = float(_get(lora_cfg, "alpha", 16))
-    if r < 1:
-        raise ValueError(f"model.lora.r must be >= 1, got {r}")
-    return alpha / (r ** 0.5) if _get(lora_cfg, "use_rslora", False) else alpha / r
+    if lora_cfg.r < 1:
+        raise ValueError(f"model.lora.r must be >= 1, got {lora_cfg.r}")
+    return lora_cfg.alpha / (lora_cfg.r ** 0.5) if lora_cfg.use_rslora else lora_cfg.alpha / lora_cfg.r
 
 
 def merge_lora_state(state_dict: Mapping[str, Any], scaling: float) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Mapping
 
 import importlib_metadata
 
@@ -250,6 +250,14 @@ def load_entry(entry: PluginEntry) -> Any:
 def registry(kind: str) -> Registry:
     """The registry of one kind (``env``, ``reward``, ``template``, ``allocator``, ...)."""
     return Registry(kind)
+
+
+def build(kind: str, node: Any, /, **runtime: Any) -> Any:
+    """The component ``node.name`` of ``kind``, called with ``node.kwargs`` plus ``runtime`` (objects the caller
+    supplies, such as an engine's model). ``node``: a schema node or a mapping with ``name`` and ``kwargs``; the
+    plugin checks its own kwargs (a bad one raises naming the component)."""
+    get = node.get if isinstance(node, Mapping) else (lambda key: getattr(node, key))
+    return registry(kind).build(str(get("name")), **dict(get("kwargs") or {}), **runtime)
 
 
 def check(entry: PluginEntry) -> str | None:

@@ -40,6 +40,7 @@ so once and falls back to ``compute`` per trajectory.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import math
@@ -169,7 +170,9 @@ class FunctionReward:
 
 # ------------------------------------------------------------------------------------------ building
 def _plain(obj: Any) -> Any:
-    """OmegaConf containers -> plain dicts/lists (components should not see DictConfig)."""
+    """OmegaConf containers and schema nodes -> plain dicts/lists (components should not see DictConfig)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
     try:
         from omegaconf import DictConfig, ListConfig, OmegaConf
     except ImportError:  # pragma: no cover - omegaconf is a core dependency

@@ -35,10 +35,11 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from openmanus_rl_core.protocols import (
+    TERMINATIONS,
     ParsedAction,
     RolloutEngine,
     SamplingParams,
@@ -46,9 +47,11 @@ from openmanus_rl_core.protocols import (
     Trajectory,
     Turn,
 )
+from openmanus_rl_core.schema import RolloutConfig
 
 __all__ = [
     "RolloutConfig",
+    "sampling_params",
     "Episode",
     "AgentLoop",
     "ChatDelta",
@@ -61,99 +64,10 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------------------- config
-@dataclass
-class RolloutConfig:
-    """Limits and sampling of a rollout (``cfg.rollout``; defaults in ``configs/rollout/default.yaml``).
-
-    - ``n``: samples per task (group size for group-based estimators).
-    - ``max_turns``: model replies per episode.
-    - ``max_prompt_tokens``: the first prompt (system + first observation); a longer one is cut (observation first).
-    - ``max_response_tokens``: all tokens after the prompt (replies and observations) of one episode.
-    - ``max_obs_tokens``: one observation's tokens (longer ones are cut, ``Trajectory.info["obs_truncated"]``).
-    - ``max_new_tokens``: one reply's tokens.
-    - ``temperature``, ``top_p``, ``top_k``, ``greedy``: sampling (see ``engines/hf.py`` for the log-prob policy).
-    - ``env_timeout_s``: limit of one ``env.reset`` / ``env.step`` call (``env_factory()`` counts with reset).
-    - ``env_workers``: threads for env calls; 0 = one per live episode.
-    - ``keep_env_errors``: keep ``env_error`` episodes in the loss (default: their response mask is zeroed).
-    """
-
-    n: int = 1
-    max_turns: int = 4
-    max_prompt_tokens: int = 512
-    max_response_tokens: int = 512
-    max_obs_tokens: int = 128
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    greedy: bool = False
-    env_timeout_s: float = 30.0
-    env_workers: int = 0
-    keep_env_errors: bool = False
-
-    @classmethod
-    def from_cfg(cls, cfg: Any, **overrides: Any) -> "RolloutConfig":
-        """Build from ``cfg.rollout`` (a DictConfig or mapping); keys this class does not know are ignored.
-
-        The whole run config is accepted too (a mapping with a ``rollout`` section): then a missing
-        ``rollout.max_turns`` falls back to ``env.max_turns``.
-        """
-        data = _plain(cfg)
-        if isinstance(data.get("rollout"), Mapping) and not any(f.name in data for f in fields(cls)):
-            env = data.get("env") if isinstance(data.get("env"), Mapping) else {}
-            data = dict(data["rollout"])
-            if data.get("max_turns") in (None, "???") and env.get("max_turns") is not None:
-                data["max_turns"] = env["max_turns"]
-        data.update(overrides)
-        out: dict[str, Any] = {}
-        for f in fields(cls):
-            value = data.get(f.name)
-            if value is None or (isinstance(value, str) and value.startswith("${")):
-                continue  # unset or unresolvable: the default
-            kind = type(f.default)
-            if kind is bool and not isinstance(value, bool):
-                raise ValueError(f"rollout.{f.name} must be true or false, got {value!r}")
-            try:
-                out[f.name] = kind(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"rollout.{f.name} must be a {kind.__name__}, got {value!r}") from None
-        c = cls(**out)
-        c._check()
-        return c
-
-    def _check(self) -> None:
-        for name in ("n", "max_turns", "max_prompt_tokens", "max_response_tokens", "max_obs_tokens", "max_new_tokens"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)!r}")
-        if not self.env_timeout_s > 0:
-            raise ValueError(f"rollout.env_timeout_s must be > 0, got {self.env_timeout_s!r}")
-        if self.env_workers < 0:
-            raise ValueError(f"rollout.env_workers must be >= 0 (0 = one thread per episode), got {self.env_workers}")
-
-    def sampling(self, stop: Sequence[str] = ()) -> SamplingParams:
-        return SamplingParams(
-            max_new_tokens=int(self.max_new_tokens), temperature=float(self.temperature), top_p=float(self.top_p),
-            top_k=int(self.top_k), stop=list(stop), greedy=bool(self.greedy),
-        )
-
-
-def _plain(cfg: Any) -> dict[str, Any]:
-    """A config node as a plain dict, interpolations resolved where they can be (unresolvable ones kept as text)."""
-    if cfg is None:
-        return {}
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            try:
-                return dict(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
-            except Exception:  # e.g. ${env.max_turns} with no env section: keep it unresolved, from_cfg skips it
-                return dict(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
-    except ImportError:  # pragma: no cover - omegaconf is a core dependency
-        pass
-    if isinstance(cfg, Mapping):
-        return dict(cfg)
-    return {f.name: getattr(cfg, f.name) for f in fields(RolloutConfig) if hasattr(cfg, f.name)}
+def sampling_params(cfg: RolloutConfig, stop: Sequence[str] = ()) -> SamplingParams:
+    """The engine's sampling settings of one rollout (``cfg``: the ``rollout`` section of the schema)."""
+    return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                          top_k=cfg.top_k, stop=list(stop), greedy=cfg.greedy)
 
 
 # -------------------------------------------------------------------------------------------------- tasks
@@ -493,7 +407,7 @@ class AgentLoop:
                     _finish(lv, "env_error", f"env reset failed: {_describe(value)}")
 
             stop = list(getattr(self.template, "stop", []) or [])
-            params = cfg.sampling(stop)
+            params = sampling_params(cfg, stop)
             for turn in range(cfg.max_turns):
                 live = [lv for lv in lives if not lv.done]
                 if not live:
@@ -736,7 +650,7 @@ def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None)
         "rollout/env_reward/mean": sum(t.env_reward for t in trajs) / n,
     }
     counts = Counter(t.termination for t in trajs)
-    for reason in ("done", "max_turns", "truncated", "env_error", "invalid"):
+    for reason in TERMINATIONS:
         out[f"rollout/termination/{reason}"] = float(counts.get(reason, 0))
     for reason, c in counts.items():
         out[f"rollout/termination/{reason}"] = float(c)

@@ -31,31 +31,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from openmanus_rl_core.config import select
+from openmanus_rl_core.schema import Config
 
 __all__ = ["rollout", "load_task_rows", "episode_record", "write_jsonl", "write_html"]
 
 
 
 
-def _container(value: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return value
-
-
 # ------------------------------------------------------------------------------------------------- tasks
-def load_task_rows(cfg: Any) -> list[dict[str, Any]]:
+def load_task_rows(cfg: Config) -> list[dict[str, Any]]:
     """The tasks this rollout runs (see the module docstring for the order of sources)."""
-    path = select(cfg, "rollout.tasks_file") or select(cfg, "data.val_files")
+    path = cfg.rollout.tasks_file or cfg.data.val_files
     if path:
-        paths = _container(path)
-        paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
         rows: list[dict[str, Any]] = []
         for p in paths:
             p = Path(str(p)).expanduser()
@@ -68,14 +56,11 @@ def load_task_rows(cfg: Any) -> list[dict[str, Any]]:
                 from openmanus_rl_core.data import load_tasks
 
                 rows.extend(load_tasks(str(p)))
-        limit = select(cfg, "rollout.num_tasks")
-        if limit and select(cfg, "rollout.tasks_file") is None and select(cfg, "data.val_files"):
-            rows = rows[: int(limit)]
+        if cfg.rollout.tasks_file is None:  # data.val_files: its first rollout.num_tasks rows
+            rows = rows[: cfg.rollout.num_tasks]
         return rows
-    n = int(select(cfg, "rollout.num_tasks", 16))
-    offset = int(select(cfg, "rollout.task_offset", 0))
-    seed = int(select(cfg, "seed", 0))
-    return [{"task_id": offset + i, "seed": seed + offset + i} for i in range(n)]
+    offset = cfg.rollout.task_offset
+    return [{"task_id": offset + i, "seed": cfg.seed + offset + i} for i in range(cfg.rollout.num_tasks)]
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -226,71 +211,38 @@ def write_html(path: str | Path, records: Sequence[Mapping[str, Any]], summary: 
 
 
 # -------------------------------------------------------------------------------------------------- job
-def _build(kind: str, node: Any, what: str):
-    from openmanus_rl_core.registry import registry
-
-    name = select(node, "name")
-    if not name:
-        raise ValueError(f"{what}.name is not set; choose one with `{what}=<option>` "
-                         f"(`openmanus-rl plugins {kind}` lists them)")
-    kwargs = dict(_container(select(node, "kwargs", {}) or {}))
-    return registry(kind).build(str(name), **kwargs)
-
-
 def rollout(cfg: Any) -> int:
     """Run ``openmanus-rl rollout`` with the composed config; returns the exit status (0)."""
     import torch
 
+    from openmanus_rl_core.config import check
     from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.registry import build
     from openmanus_rl_core.rewards import RewardComposer
-    from openmanus_rl_core.rollout import (AgentLoop, RolloutConfig, build_batch, expand_tasks, rollout_metrics,
-                                           tokenizer_corpus)
+    from openmanus_rl_core.rollout import AgentLoop, build_batch, expand_tasks, rollout_metrics, tokenizer_corpus
 
-    seed = int(select(cfg, "seed", 0))
-    torch.manual_seed(seed)
-    rcfg_node = select(cfg, "rollout", {}) or {}
-    rcfg = RolloutConfig.from_cfg(rcfg_node)
-    if select(cfg, "env") is None:
-        raise ValueError("no env selected; run e.g. `openmanus-rl rollout env=key_door`")
-    env_node = select(cfg, "env")
-    env_name, env_kwargs = str(select(env_node, "name")), dict(_container(select(env_node, "kwargs", {}) or {}))
-    env_cls = registry("env").get(env_name)  # resolved once: each registry lookup reads package metadata
-
-    def env_factory():
-        try:
-            return env_cls(**env_kwargs)
-        except TypeError as exc:
-            raise TypeError(f"cannot build env {env_name!r} with arguments {sorted(env_kwargs)}: {exc}") from exc
-
-    template = _build("template", select(cfg, "template"), "template") if select(cfg, "template") else None
-    if template is None:
-        raise ValueError("no template selected; run e.g. `openmanus-rl rollout template=react`")
-    components = _container(select(cfg, "reward.components"))
-    composer = RewardComposer.from_config(components) if components else None
-    allocator_node = select(cfg, "allocator")
-    allocator = _build("allocator", allocator_node, "allocator") if allocator_node else \
-        registry("allocator").build("last_token")
+    cfg = check(cfg, training=False)
+    rcfg = cfg.rollout
+    torch.manual_seed(cfg.seed)
+    env_factory = lambda: build("env", cfg.env)  # noqa: E731
+    template = build("template", cfg.template)
+    composer = RewardComposer.from_config(cfg.reward.components) if cfg.reward.components else None
+    allocator = build("allocator", cfg.allocator)
 
     tasks = load_task_rows(cfg)
     if not tasks:
         raise ValueError("no tasks to run: set rollout.num_tasks > 0 or point rollout.tasks_file at a task file")
-    model_cfg = select(cfg, "model", {}) or {}
     corpus = None
-    if not select(model_cfg, "path"):
+    if not cfg.model.path:
         # The embedded tiny model: its tokenizer learns from what the agent will read and write.
         corpus = tokenizer_corpus(env_factory, template, tasks[: min(len(tasks), 64)], max_turns=rcfg.max_turns)
-    model, tokenizer = load_model_and_tokenizer(model_cfg, corpus=corpus)
-    engine_kwargs = dict(_container(select(rcfg_node, "engine_kwargs", {}) or {}))
-    engine_kwargs.setdefault("device", str(select(rcfg_node, "device", "cpu")))
-    engine_kwargs.setdefault("seed", seed)
-    engine = registry("engine").build(str(select(rcfg_node, "engine", "hf")), model=model, tokenizer=tokenizer,
-                                      **engine_kwargs)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, corpus=corpus)
+    engine_kwargs = {"device": rcfg.device, "seed": cfg.seed, **rcfg.engine_kwargs}
+    engine = build("engine", {"name": rcfg.engine, "kwargs": engine_kwargs}, model=model, tokenizer=tokenizer)
     loop = AgentLoop(engine, tokenizer, template, env_factory, rcfg)
 
     expanded = expand_tasks(tasks, rcfg.n)
-    per_run = max(1, int(select(rcfg_node, "batch_size", 64)))
-    per_run = max(rcfg.n, per_run - per_run % rcfg.n)  # keep the samples of one task in one run
+    per_run = max(rcfg.n, rcfg.batch_size - rcfg.batch_size % rcfg.n)  # keep the samples of one task in one run
     episodes = []
     t0 = time.perf_counter()
     for i in range(0, len(expanded), per_run):
@@ -307,19 +259,18 @@ def rollout(cfg: Any) -> int:
     rewards = [float(r) for r in batch["reward"]]
     metrics["rollout/reward/mean"] = sum(rewards) / len(rewards)
 
-    out_dir = select(rcfg_node, "output_dir")
-    out_dir = Path(str(out_dir)) if out_dir else Path("outputs") / time.strftime("rollout-%Y%m%d-%H%M%S")
+    out_dir = Path(rcfg.output_dir) if rcfg.output_dir else Path("outputs") / time.strftime("rollout-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     records = [episode_record(e, breakdowns[i] if breakdowns is not None else None, i) for i, e in enumerate(episodes)]
     write_jsonl(out_dir / "trajectories.jsonl", records)
     summary = {
-        "env": env_name, "template": str(select(cfg, "template.name")), "episodes": len(episodes),
+        "env": cfg.env.name, "template": cfg.template.name, "episodes": len(episodes),
         "success rate": metrics["rollout/success_rate"], "mean reward": metrics["rollout/reward/mean"],
         "mean turns": metrics["rollout/turns/mean"], "turns/s": metrics.get("rollout/turns_per_s", 0.0),
         "episodes/s": metrics.get("rollout/episodes_per_s", 0.0),
         **{k.split("/", 1)[1]: int(v) for k, v in metrics.items() if k.startswith("rollout/termination/") and v},
     }
-    write_html(out_dir / "trajectories.html", records, summary, title=f"openmanus-rl rollout: {env_name}")
+    write_html(out_dir / "trajectories.html", records, summary, title=f"openmanus-rl rollout: {cfg.env.name}")
     (out_dir / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=2), encoding="utf-8")
 
     print(f"episodes: {len(episodes)} ({len(tasks)} tasks x n={rcfg.n}) in {elapsed:.2f}s")

@@ -20,6 +20,7 @@ demonstrations (``warmup/*`` metrics), then trains with GRPO.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -29,24 +30,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from openmanus_rl_core.config import select
+from openmanus_rl_core.config import check
+from openmanus_rl_core.protocols import TERMINATIONS
+from openmanus_rl_core.schema import Config
 
 __all__ = ["train", "evaluate", "Trainer"]
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-
-
-OLD_LOG_PROBS_MODES = ("auto", "true", "false", "rollout")
-
-
-def _plain(cfg: Any) -> dict:
-    """The composed Hydra config as plain containers, interpolations resolved (workers get this)."""
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(cfg):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    return dict(cfg)
 
 
 def _seed_all(seed: int) -> None:
@@ -124,8 +115,8 @@ class Trainer:
 
     def __init__(self, cfg: Any):
         _quiet_transformers()
-        self.cfg_node = cfg
-        self.cfg = _plain(cfg)
+        self.cfg_node = cfg  # as composed (the run_start hook gets it)
+        self.cfg: Config = check(cfg)
         self.log = _Log()
         self.ray_started = False
         self.actor = None
@@ -141,133 +132,115 @@ class Trainer:
         from openmanus_rl_core.data import TaskSampler, ensure_task_files, load_tasks
         from openmanus_rl_core.metrics import make_run_dir
         from openmanus_rl_core.plugins import make_plugin_manager
-        from openmanus_rl_core.registry import registry
+        from openmanus_rl_core.registry import build, registry
         from openmanus_rl_core.rewards import RewardComposer
 
         cfg = self.cfg
         self.t_start = time.perf_counter()
-        self.seed = int(select(cfg, "seed", 0))
+        self.seed = cfg.seed
         _seed_all(self.seed)
-        torch.set_num_threads(max(1, int(select(cfg, "trainer.driver_threads", 0) or os.cpu_count() or 1)))
-        self.total_steps = int(select(cfg, "trainer.total_steps", 1))
-        self.run_dir = make_run_dir(self.cfg_node)
+        torch.set_num_threads(cfg.trainer.driver_threads or os.cpu_count() or 1)
+        self.total_steps = cfg.trainer.total_steps
+        self.run_dir = make_run_dir(cfg)
         # Resume: the newest complete checkpoint of this run directory (auto) or a given checkpoint path.
-        resume = select(cfg, "trainer.resume")
+        resume = cfg.trainer.resume
         self.resume_path = None
-        if resume in ("auto", True, "true"):
+        if resume in ("auto", "True", "true"):
             self.resume_path = latest_checkpoint(self.run_dir)
             if self.resume_path is None:
                 self.log(f"trainer.resume=auto: no complete checkpoint in {self.run_dir}; starting fresh")
-        elif resume not in (None, False, "false", "never", ""):
-            self.resume_path = resolve_checkpoint(str(resume))
-        (self.run_dir / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
+        elif resume not in (None, "False", "false", "never", ""):
+            self.resume_path = resolve_checkpoint(resume)
+        (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         self.pm = make_plugin_manager()
 
         # Task files: configured, or generated into the run directory (deterministic, so a resumed run
         # regenerates the very same files).
         data_dir = self.run_dir / "data"
-        train_files, val_files = ensure_task_files(self.cfg_node, data_dir)
+        train_files, val_files = ensure_task_files(cfg, data_dir)
         self.train_tasks = load_tasks(train_files)
         self.val_tasks = load_tasks(val_files)
-        vmax = select(cfg, "trainer.val_max_tasks")
-        if vmax:
-            self.val_tasks = self.val_tasks[: int(vmax)]
-        self.sampler = TaskSampler(self.train_tasks, int(select(cfg, "data.train_batch_size", 8)),
-                                   seed=int(select(cfg, "data.seed", self.seed)),
-                                   shuffle=bool(select(cfg, "data.shuffle", True)))
+        if cfg.trainer.val_max_tasks:
+            self.val_tasks = self.val_tasks[: cfg.trainer.val_max_tasks]
+        self.sampler = TaskSampler(self.train_tasks, cfg.data.train_batch_size, seed=cfg.data.seed,
+                                   shuffle=cfg.data.shuffle)
 
         # Components used on the driver.
-        self.template = registry("template").build(cfg["template"]["name"], **(cfg["template"].get("kwargs") or {}))
-        env_name, env_kwargs = cfg["env"]["name"], dict(cfg["env"].get("kwargs") or {})
-        env_cls = registry("env").get(env_name)  # resolved once: a lookup reads package metadata
-        self.env_factory = lambda: env_cls(**env_kwargs)
-        self.composer = RewardComposer.from_config(select(cfg, "reward.components", {}))
-        acfg = cfg["allocator"]
-        self.allocator = registry("allocator").build(acfg["name"], **(acfg.get("kwargs") or {}))
-        self.algo = dict(cfg["algorithm"])
-        self.n = int(select(cfg, "rollout.n", 1) or 1)
-        self.estimator = registry("advantage").get(str(self.algo["adv_estimator"]))
-        self.use_critic = bool(self.algo.get("use_critic", False))
+        self.template = build("template", cfg.template)
+        self.env_factory = lambda: build("env", cfg.env)
+        self.composer = RewardComposer.from_config(cfg.reward.components)
+        self.allocator = build("allocator", cfg.allocator)
+        self.algo = cfg.algorithm
+        self.n = cfg.rollout.n
+        self.estimator = registry("advantage").get(self.algo.adv_estimator)
+        self.use_critic = self.algo.use_critic
         # Old log-probs of the PPO ratio: auto (recomputed by the actor only when the update is off-policy within
         # a step), true (always recomputed), false (never), rollout (the engine's sampling log-probs).
-        self.old_log_probs_mode = str(self.algo.get("recompute_old_log_probs", "auto")).lower()  # YAML true: bool
-        if self.old_log_probs_mode not in OLD_LOG_PROBS_MODES:
-            raise ValueError(f"algorithm.recompute_old_log_probs must be one of {sorted(OLD_LOG_PROBS_MODES)}, "
-                             f"got {self.algo.get('recompute_old_log_probs')!r}")
+        self.old_log_probs_mode = self.algo.recompute_old_log_probs
         self.kl_ctrl = self._kl_controller()
 
         # The model every worker loads: a local HF folder, or the embedded tiny model built now.
         self.model_dir, self.tokenizer = self._prepare_model()
-        self.pad_token_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
-                                else self.tokenizer.eos_token_id)
+        self.pad_token_id = self.tokenizer.pad_token_id
         self._start_workers()
 
     def _kl_controller(self):
         from openmanus_rl_core.algorithms import make_kl_controller
 
-        return make_kl_controller(**(self.algo.get("kl_ctrl", {}) or {}))
+        return make_kl_controller(**dataclasses.asdict(self.algo.kl_ctrl))
 
     def _prepare_model(self):
-        from transformers import AutoTokenizer
-
-        from openmanus_rl_core.models import load_model_and_tokenizer
+        from openmanus_rl_core.models import load_model_and_tokenizer, load_tokenizer
         from openmanus_rl_core.warmup import build_corpus
 
         cfg = self.cfg
-        path = select(cfg, "model.path")
-        if path:
-            model_dir = Path(str(path)).expanduser()
+        if cfg.model.path:
+            model_dir = Path(cfg.model.path).expanduser()
             if not model_dir.exists():
-                raise FileNotFoundError(f"model.path={path!r} does not exist; give a local Hugging Face model folder")
+                raise FileNotFoundError(f"model.path={cfg.model.path!r} does not exist; give a local Hugging Face "
+                                        "model folder")
         else:
-            model_dir = Path(str(select(cfg, "model.save_dir") or self.run_dir / "model"))
+            model_dir = Path(cfg.model.save_dir or self.run_dir / "model")
             # What the built model depends on; a folder built from something else is rebuilt.
-            recipe = json.dumps({"tiny": cfg["model"].get("tiny"), "dtype": cfg["model"].get("dtype"),
-                                 "env": cfg["env"], "template": cfg["template"],
-                                 "corpus_tasks": select(cfg, "model.corpus_tasks"),
+            recipe = json.dumps({"tiny": dataclasses.asdict(cfg.model.tiny), "dtype": cfg.model.dtype,
+                                 "env": dataclasses.asdict(cfg.env), "template": dataclasses.asdict(cfg.template),
+                                 "corpus_tasks": cfg.model.corpus_tasks,
                                  "train_tasks": [[t["task_id"], t["seed"]] for t in self.train_tasks]},
                                 sort_keys=True, default=str)
             stamp = model_dir / "omrl_recipe.json"
             if not (model_dir / "config.json").exists() or not stamp.exists() or stamp.read_text() != recipe:
                 t0 = time.perf_counter()
-                n_corpus = int(select(cfg, "model.corpus_tasks", 0) or len(self.train_tasks))
-                corpus = build_corpus(self.env_factory, self.template, self.train_tasks[:n_corpus],
-                                      int(select(cfg, "rollout.max_turns", 4)))
-                load_model_and_tokenizer(cfg["model"], corpus, save_dir=model_dir)
+                corpus_tasks = self.train_tasks[:cfg.model.corpus_tasks or len(self.train_tasks)]
+                corpus = build_corpus(self.env_factory, self.template, corpus_tasks, cfg.rollout.max_turns)
+                load_model_and_tokenizer(cfg.model, corpus, save_dir=model_dir)
                 stamp.write_text(recipe)
                 self.log(f"built the tiny model and its tokenizer ({len(corpus)} corpus texts) in "
                          f"{time.perf_counter() - t0:.1f}s: {model_dir}")
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, padding_side="left")
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        return str(model_dir), tokenizer
+        return str(model_dir), load_tokenizer(str(model_dir))
 
     def _start_workers(self) -> None:
         import ray
 
         from openmanus_rl_core.workers import ActorWorker, CriticWorker, WorkerGroup
 
-        cfg = self.cfg
-        address = select(cfg, "trainer.ray_address")
+        tcfg = self.cfg.trainer
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False,
-                                      "log_to_driver": bool(select(cfg, "trainer.log_to_driver", True)),
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": tcfg.log_to_driver,
                                       "configure_logging": True, "logging_level": "warning"}
-            if address:
-                ray.init(address=str(address), **kwargs)
+            if tcfg.ray_address:
+                ray.init(address=tcfg.ray_address, **kwargs)
             else:
-                num_cpus = select(cfg, "trainer.num_cpus") or os.cpu_count() or 1
-                ray.init(num_cpus=int(num_cpus), **kwargs)
+                ray.init(num_cpus=tcfg.num_cpus or os.cpu_count() or 1, **kwargs)
             self.ray_started = True
-        W = int(select(cfg, "trainer.num_workers", 2))
+        W = tcfg.num_workers
         groups = 2 if self.use_critic else 1
-        cpus = select(cfg, "trainer.worker_num_cpus")
+        cpus = tcfg.worker_num_cpus
         if cpus is None:  # share what the cluster has among every worker (logical CPUs only schedule actors)
             total = float(ray.cluster_resources().get("CPU", 1.0))
             cpus = min(1.0, total / (W * groups))
-        gpus = select(cfg, "trainer.worker_num_gpus")
+        gpus = tcfg.worker_num_gpus
         if gpus is None:
-            have_gpu = float(ray.cluster_resources().get("GPU", 0.0)) > 0 and str(select(cfg, "trainer.device", "auto")) != "cpu"
+            have_gpu = float(ray.cluster_resources().get("GPU", 0.0)) > 0 and tcfg.device != "cpu"
             gpus = (1.0 / groups) if have_gpu else 0.0
         have_gpus = float(ray.cluster_resources().get("GPU", 0.0))
         if gpus and W * groups * float(gpus) > have_gpus + 1e-9:
@@ -276,11 +249,11 @@ class Trainer:
                 f"but the Ray cluster has {have_gpus:g}; set trainer.num_workers to at most the GPU count "
                 f"(NCCL cannot put two ranks of one group on one GPU) or trainer.device=cpu")
         t0 = time.perf_counter()
-        strategy = str(select(cfg, "trainer.placement_strategy", "SPREAD"))
-        self.actor = WorkerGroup(ActorWorker, W, cfg, num_cpus=float(cpus), num_gpus=float(gpus), name="actor",
+        strategy = tcfg.placement_strategy
+        self.actor = WorkerGroup(ActorWorker, W, self.cfg, num_cpus=float(cpus), num_gpus=float(gpus), name="actor",
                                  placement_strategy=strategy, model_dir=self.model_dir, total_steps=self.total_steps)
         if self.use_critic:
-            self.critic = WorkerGroup(CriticWorker, W, cfg, num_cpus=float(cpus), num_gpus=float(gpus),
+            self.critic = WorkerGroup(CriticWorker, W, self.cfg, num_cpus=float(cpus), num_gpus=float(gpus),
                                       name="critic", placement_strategy=strategy, model_dir=self.model_dir,
                                       total_steps=self.total_steps)
         info = self.actor.setup_info[0]
@@ -301,8 +274,7 @@ class Trainer:
         t0 = time.perf_counter()
         tasks = [dict(t, group_id=f"val:{i}") for i, t in enumerate(self.val_tasks)]
         tasks = expand_tasks(tasks, 1)
-        overrides = {"n": 1, "greedy": bool(select(self.cfg, "trainer.val_greedy", True)),
-                     "temperature": float(select(self.cfg, "trainer.val_temperature", 1.0))}
+        overrides = {"n": 1, "greedy": self.cfg.trainer.val_greedy, "temperature": self.cfg.trainer.val_temperature}
         episodes = self._rollout(tasks, overrides, keep_rng=True)
         trajs = [e.trajectory for e in episodes]
         breakdowns, rmetrics = self.composer.compose_batch(trajs)
@@ -314,14 +286,12 @@ class Trainer:
         }
         out.update({f"{prefix}/{k}": v for k, v in rmetrics.items() if k.endswith("/mean")})
         ro = rollout_metrics(episodes)
-        for k in ("rollout/termination/done", "rollout/termination/max_turns", "rollout/termination/truncated",
-                  "rollout/termination/invalid", "rollout/termination/env_error"):
-            if k in ro:
-                out[f"{prefix}/{k.split('/', 1)[1]}"] = ro[k]
+        for name in TERMINATIONS:
+            if f"rollout/termination/{name}" in ro:
+                out[f"{prefix}/termination/{name}"] = ro[f"rollout/termination/{name}"]
         out[f"timing/{prefix}"] = time.perf_counter() - t0
-        if select(self.cfg, "trainer.val_samples_to_log", 0):
-            k = int(select(self.cfg, "trainer.val_samples_to_log", 0))
-            for e in episodes[:k]:
+        if self.cfg.trainer.val_samples_to_log:
+            for e in episodes[:self.cfg.trainer.val_samples_to_log]:
                 self.log(f"  [{prefix} sample] task {e.trajectory.task_id}: "
                          + " | ".join(repr(t.response) for t in e.trajectory.turns))
         return out
@@ -330,25 +300,20 @@ class Trainer:
     def warmup(self) -> dict[str, float]:
         from openmanus_rl_core.warmup import build_demonstrations, run_warmup
 
-        wcfg = self.cfg.get("warmup", {}) or {}
-        steps = int(wcfg.get("steps", 0) or 0)
-        if not wcfg.get("enabled", True) or steps <= 0:
+        wcfg = self.cfg.warmup
+        if not wcfg.enabled or wcfg.steps <= 0:
             return {}
         t0 = time.perf_counter()
-        n_demo = int(wcfg.get("num_demos", 0) or len(self.train_tasks))
         # Demonstrations come from the training tasks only (never the validation tasks).
-        demo_tasks = self.train_tasks[:n_demo]
+        demo_tasks = self.train_tasks[:wcfg.num_demos or len(self.train_tasks)]
         demos = build_demonstrations(self.env_factory, self.template, self.tokenizer, demo_tasks,
-                                     int(select(self.cfg, "rollout.max_turns", 4)))
+                                     self.cfg.rollout.max_turns)
 
         def step_fn(shards, lr):
-            return self.actor.call_each("sft_update", [(s, lr, float(wcfg.get("grad_clip", 1.0)))
-                                                       for s in shards])
+            return self.actor.call_each("sft_update", [(s, lr, wcfg.grad_clip) for s in shards])
 
-        metrics = run_warmup(step_fn, demos, self.pad_token_id, self.actor.size, steps,
-                             int(wcfg.get("batch_size", 16)), float(wcfg.get("lr", 1e-3)), self.seed,
-                             float(wcfg.get("warmup_ratio", 0.1)), log=self.log,
-                             lr_schedule=str(wcfg.get("lr_schedule", "constant")))
+        metrics = run_warmup(step_fn, demos, self.pad_token_id, self.actor.size, wcfg.steps, wcfg.batch_size,
+                             wcfg.lr, self.seed, wcfg.warmup_ratio, log=self.log, lr_schedule=wcfg.lr_schedule)
         self.actor.call("end_warmup")
         self.actor.call("sync_rollout_weights")
         metrics["warmup/seconds"] = time.perf_counter() - t0
@@ -376,7 +341,7 @@ class Trainer:
             with timer("reward"):
                 breakdowns, reward_metrics = self.composer.compose_batch(trajectories)
                 batch = build_batch(episodes, breakdowns, self.allocator, self.pad_token_id,
-                                    bool(select(self.cfg, "rollout.keep_env_errors", False)))
+                                    self.cfg.rollout.keep_env_errors)
             ro_metrics = rollout_metrics(episodes, elapsed_s=timer.timings["rollout"])
             self.pm.hook.openmanus_rl_rollout_end(trajectories=trajectories,
                                                   metrics={**reward_metrics, **ro_metrics}, step=step)
@@ -394,12 +359,11 @@ class Trainer:
             lean = [s.select(keys) for s in shards]
             # Old log-probs: recomputed when the update is off-policy within the step (several mini-batches or
             # epochs) or when a KL penalty needs them; otherwise the update uses the detached current ones.
-            epochs = int(select(self.cfg, "actor.ppo_epochs", 1) or 1)
-            mini = select(self.cfg, "actor.ppo_mini_batch_size")
-            multi = epochs > 1 or (mini is not None and int(mini) < len(batch))
+            mini = self.cfg.actor.ppo_mini_batch_size
+            multi = self.cfg.actor.ppo_epochs > 1 or (mini is not None and mini < len(batch))
             recompute = self.old_log_probs_mode
-            use_kl_reward = bool(algo.get("use_kl_in_reward", False))
-            use_kl_loss = bool(algo.get("use_kl_loss", False))
+            use_kl_reward = algo.use_kl_in_reward
+            use_kl_loss = algo.use_kl_loss
             from_rollout = recompute == "rollout"  # the engine's sampling log-probs as the behaviour policy
             need_old = (recompute == "true") or (recompute == "auto" and multi) or use_kl_reward
             if from_rollout:
@@ -407,7 +371,6 @@ class Trainer:
             elif need_old or use_kl_reward or use_kl_loss:
                 with timer("old_log_prob"):
                     outs = self.actor.call_each("compute_log_probs", [(s,) for s in lean],
-                                                micro_batch_size=select(self.cfg, "actor.log_prob_micro_batch_size"),
                                                 with_ref=use_kl_reward or use_kl_loss, with_old=need_old)
                 if need_old:
                     batch["old_log_probs"] = _cat_rows([o["old_log_probs"] for o in outs], pad)
@@ -427,7 +390,7 @@ class Trainer:
             if use_kl_reward:
                 rewards, mean_kl = apply_kl_penalty(batch["token_level_scores"], batch["old_log_probs"],
                                                     batch["ref_log_probs"], batch["response_mask"],
-                                                    self.kl_ctrl.value, str(algo.get("kl_penalty", "k1")))
+                                                    self.kl_ctrl.value, algo.kl_penalty)
                 batch["token_level_rewards"] = rewards
                 metrics["actor/reward_kl"] = mean_kl
                 metrics["actor/kl_coef"] = float(self.kl_ctrl.value)
@@ -436,7 +399,7 @@ class Trainer:
                 batch["token_level_rewards"] = batch["token_level_scores"]
 
             with timer("adv"):
-                adv_cfg = {k: v for k, v in algo.items() if not isinstance(v, Mapping)}
+                adv_cfg = {k: v for k, v in dataclasses.asdict(algo).items() if not isinstance(v, Mapping)}
                 advantages, returns = self.estimator(batch, **adv_cfg)
             batch["advantages"] = advantages.float()
             batch["returns"] = returns.float()
@@ -452,18 +415,18 @@ class Trainer:
             if self.critic is not None:
                 with timer("update_critic"):
                     ckeys = keys + ["values", "returns"]
-                    cms = self.critic.call_each("update", [(s.select(ckeys), step, algo) for s in shards])
+                    cms = self.critic.call_each("update", [(s.select(ckeys), step) for s in shards])
                 metrics.update(_avg(cms))
-            critic_warmup = int(select(self.cfg, "critic.warmup_steps", 0) or 0)
-            if step > critic_warmup:
+            if step > self.cfg.critic.warmup_steps:
                 with timer("update_actor"):
                     akeys = keys + ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
-                    algo_call = dict(algo)
-                    algo_call["debug_nan_step"] = select(self.cfg, "trainer.debug_nan_step")
-                    if select(self.cfg, "trainer.debug_crash_step") is not None:
-                        algo_call["debug_crash"] = (int(select(self.cfg, "trainer.debug_crash_step")),
-                                                    str(self.run_dir / ".debug_crash_done"))
-                    ams = self.actor.call_each("update", [(s.select(akeys), step, algo_call) for s in shards])
+                    debug = {}
+                    if self.cfg.trainer.debug_nan_step is not None:
+                        debug["debug_nan_step"] = self.cfg.trainer.debug_nan_step
+                    if self.cfg.trainer.debug_crash_step is not None:
+                        debug["debug_crash"] = (self.cfg.trainer.debug_crash_step,
+                                                str(self.run_dir / ".debug_crash_done"))
+                    ams = self.actor.call_each("update", [(s.select(akeys), step) for s in shards], **debug)
                 am = _avg(ams)
                 metrics.update(am)
                 self.skipped_steps += int(max(a.get("actor/skipped_updates", 0.0) for a in ams))
@@ -497,16 +460,15 @@ class Trainer:
             "trainer": {"step": int(step), "skipped_steps": int(self.skipped_steps),
                         "kl_coef": float(self.kl_ctrl.value), "total_steps": int(self.total_steps),
                         "warmup_done": True},
-            "meta": {"model_dir": str(self.model_dir), "step": int(step), "config": self.cfg,
-                     "lora": bool(select(self.cfg, "model.lora.enabled", False))},
+            "meta": {"model_dir": str(self.model_dir), "step": int(step), "config": dataclasses.asdict(self.cfg),
+                     "lora": self.cfg.model.lora.enabled},
         }
         if self.critic is not None:
             critic_states = self.critic.call("get_state")
             state["critic"] = {"model": critic_states[0]["model"], "optimizer": critic_states[0]["optimizer"],
                                "scheduler": critic_states[0]["scheduler"]}
             state["rng"]["critic"] = [s["rng"] for s in critic_states]
-        keep = select(self.cfg, "trainer.max_checkpoints")
-        path = save_checkpoint(self.run_dir, step, state, keep_last=int(keep) if keep else None)
+        path = save_checkpoint(self.run_dir, step, state, keep_last=self.cfg.trainer.max_checkpoints)
         self.log(f"checkpoint: {path} ({time.perf_counter() - t0:.1f}s)")
         return path
 
@@ -543,24 +505,23 @@ class Trainer:
         from openmanus_rl_core.metrics import LearningSignalWatch, MetricsLogger, ProgressBar, plot_rewards
         from openmanus_rl_core.workers import WorkerGroupError
 
-        cfg = self.cfg
+        tcfg = self.cfg.trainer
         self.skipped_steps = 0
         start_step = 0
         if self.resume_path is not None:
             start_step = self.restore(self.resume_path)
             self.log(f"resumed from {self.resume_path} (step {start_step})")
         # A fresh start drops whatever an earlier, checkpoint-less attempt in this run directory logged.
-        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=bool(select(cfg, "trainer.tensorboard", True)),
+        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=tcfg.tensorboard,
                                             resume_step=start_step if self.resume_path is not None else -1)
         self.pm.hook.openmanus_rl_run_start(cfg=self.cfg_node, run_dir=str(self.run_dir))
-        val_freq = int(select(cfg, "trainer.val_freq", 0) or 0)
-        save_freq = int(select(cfg, "trainer.save_freq", 0) or 0)
+        val_freq, save_freq = tcfg.val_freq, tcfg.save_freq
         last: dict[str, float] = {}
         last_val: dict[str, float] = {}
         try:
             if self.resume_path is None:
                 first: dict[str, float] = {}
-                if select(cfg, "trainer.val_before_train", True):
+                if tcfg.val_before_train:
                     first.update(self.validate(0))
                     self.log(f"step 0 (untrained): val reward {first['val/reward_mean']:.3f}, "
                              f"success {first['val/success_rate']:.3f}")
@@ -568,7 +529,7 @@ class Trainer:
                 if wm:
                     first.update(wm)
                     msg = f"warm-up: {int(wm['warmup/steps'])} steps in {wm['warmup/seconds']:.1f}s, loss {wm['warmup/loss']:.4f}"
-                    if select(cfg, "warmup.validate", True):
+                    if self.cfg.warmup.validate:
                         post = self.validate(0, prefix="warmup/val")
                         first.update(post)
                         msg += (f"; val reward after warm-up {post['warmup/val/reward_mean']:.3f}, "
@@ -579,17 +540,17 @@ class Trainer:
                     self.metrics_logger.log(0, first)
                     last_val = {k: v for k, v in first.items() if k.startswith("val/")}
             self.bar = ProgressBar(self.total_steps, initial=start_step,
-                                   disable=not bool(select(cfg, "trainer.progress", True)))
+                                   disable=not tcfg.progress)
             self.log.bar = self.bar.bar
             ckpt_seconds = None
             restarts = 0
-            signal_watch = LearningSignalWatch(int(select(cfg, "trainer.no_signal_warn_steps", 3) or 0))
+            signal_watch = LearningSignalWatch(tcfg.no_signal_warn_steps)
             step = start_step + 1
             while step <= self.total_steps:
                 try:
                     metrics = self.train_step(step)
                     is_last = step == self.total_steps
-                    if (val_freq and step % val_freq == 0) or (is_last and select(cfg, "trainer.val_at_end", True)):
+                    if (val_freq and step % val_freq == 0) or (is_last and tcfg.val_at_end):
                         metrics.update(self.validate(step))
                         last_val = {k: v for k, v in metrics.items() if k.startswith("val/")}
                     metrics["time/elapsed_s"] = time.perf_counter() - self.t_start
@@ -605,7 +566,7 @@ class Trainer:
                     if warning:
                         self.log(warning)
                     last = metrics
-                    if (save_freq and step % save_freq == 0) or (is_last and select(cfg, "trainer.save_at_end", True)):
+                    if (save_freq and step % save_freq == 0) or (is_last and tcfg.save_at_end):
                         t0 = time.perf_counter()
                         self.save(step)
                         ckpt_seconds = time.perf_counter() - t0
@@ -638,7 +599,7 @@ class Trainer:
         from openmanus_rl_core.checkpoint import latest_checkpoint
         from openmanus_rl_core.metrics import MetricsLogger
 
-        allowed = int(select(self.cfg, "trainer.max_worker_restarts", 0) or 0)
+        allowed = self.cfg.trainer.max_worker_restarts
         path = latest_checkpoint(self.run_dir)
         if restarts > allowed or path is None:
             why = (f"trainer.max_worker_restarts={allowed} used up" if restarts > allowed
@@ -654,8 +615,7 @@ class Trainer:
         step = self.restore(path)
         # The lines logged after that checkpoint are dropped: those steps run again.
         self.metrics_logger.close()
-        tensorboard = bool(select(self.cfg, "trainer.tensorboard", True))
-        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=tensorboard, resume_step=step)
+        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=self.cfg.trainer.tensorboard, resume_step=step)
         return step
 
     def shutdown(self) -> None:
@@ -700,30 +660,31 @@ def evaluate(cfg: Any) -> int:
     the mean reward (also written as JSON to ``trainer.eval_output`` when set).
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from openmanus_rl_core.checkpoint import load_checkpoint, resolve_checkpoint
     from openmanus_rl_core.data import ensure_task_files, load_tasks
-    from openmanus_rl_core.models import _dtype, lora_scaling, merge_lora_state
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.models import _dtype, load_tokenizer, lora_scaling, merge_lora_state
+    from openmanus_rl_core.registry import build
     from openmanus_rl_core.rewards import RewardComposer
-    from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, expand_tasks
+    from openmanus_rl_core.rollout import AgentLoop, expand_tasks
 
     _quiet_transformers()
-    c = _plain(cfg)
-    seed = int(select(c, "seed", 0))
-    _seed_all(seed)
-    ckpt = select(c, "trainer.checkpoint")
-    model_cfg = dict(c.get("model") or {})
+    c = check(cfg, training=False)
+    _seed_all(c.seed)
+    ckpt = c.trainer.checkpoint
+    model_cfg = c.model
     state = None
     if ckpt:
-        path = resolve_checkpoint(str(ckpt))
+        path = resolve_checkpoint(ckpt)
         state = load_checkpoint(path, keys=["model", "meta"])
         meta = state["meta"] or {}
         model_dir = meta.get("model_dir")
         saved_cfg = meta.get("config") or {}
-        if saved_cfg.get("model"):
-            model_cfg = dict(saved_cfg["model"])  # LoRA and dtype as the checkpoint was trained
+        if saved_cfg.get("model"):  # LoRA and dtype as the checkpoint was trained
+            saved = {k: v for k, v in saved_cfg["model"].items() if k in ("dtype", "lora")}
+            model_cfg = dataclasses.replace(c.model, dtype=saved.get("dtype", c.model.dtype),
+                                            lora=dataclasses.replace(c.model.lora, **saved.get("lora", {})))
         if not model_dir or not Path(model_dir).exists():
             cand = Path(path).parent.parent / "model"
             if not cand.exists():
@@ -731,40 +692,32 @@ def evaluate(cfg: Any) -> int:
                                         "pass model.path=<the HF folder the run started from>")
             model_dir = str(cand)
         print(f"checkpoint: {path} (step {meta.get('step')})")
-    elif select(c, "model.path"):
-        model_dir = str(Path(str(c["model"]["path"])).expanduser())
+    elif c.model.path:
+        model_dir = str(Path(c.model.path).expanduser())
     else:
         raise SystemExit("eval needs trainer.checkpoint=<checkpoint folder or run directory> or model.path=<HF folder>")
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, padding_side="left")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True,
-                                                 dtype=_dtype(model_cfg.get("dtype", "float32")))
-    lora = model_cfg.get("lora") or {}
-    device = "cuda" if torch.cuda.is_available() and str(select(c, "trainer.device", "auto")) != "cpu" else "cpu"
-    engine_name = str(select(c, "rollout.engine", "hf"))
-    engine = registry("engine").build(engine_name, model=model, tokenizer=tokenizer, device=device, seed=seed,
-                                      **dict(select(c, "rollout.engine_kwargs", {}) or {}))
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=_dtype(model_cfg.dtype))
+    device = "cuda" if torch.cuda.is_available() and c.trainer.device != "cpu" else "cpu"
+    engine = build("engine", {"name": c.rollout.engine, "kwargs": c.rollout.engine_kwargs}, model=model,
+                   tokenizer=tokenizer, device=device, seed=c.seed)
     if state is not None:  # a LoRA run's checkpoint holds the adapters: the engine gets them merged
         weights = state["model"]
-        engine.update_weights(merge_lora_state(weights, lora_scaling(lora)) if lora.get("enabled") else weights)
+        engine.update_weights(merge_lora_state(weights, lora_scaling(model_cfg.lora)) if model_cfg.lora.enabled
+                              else weights)
 
-    out_dir = Path(str(select(c, "trainer.run_dir") or (Path(str(ckpt)).parent.parent if ckpt else "outputs/eval")))
-    _, val_files = ensure_task_files(cfg, out_dir / "data") if not select(c, "data.val_files") else (None, c["data"]["val_files"])
+    out_dir = Path(c.trainer.run_dir or (Path(ckpt).parent.parent if ckpt else "outputs/eval"))
+    val_files = c.data.val_files or ensure_task_files(c, out_dir / "data")[1]
     tasks = load_tasks(val_files)
-    vmax = select(c, "trainer.val_max_tasks")
-    if vmax:
-        tasks = tasks[: int(vmax)]
-    template = registry("template").build(c["template"]["name"], **(c["template"].get("kwargs") or {}))
-    env_name, env_kwargs = c["env"]["name"], dict(c["env"].get("kwargs") or {})
-    env_cls = registry("env").get(env_name)
-    rcfg = RolloutConfig.from_cfg(c.get("rollout") or {}, n=1, greedy=bool(select(c, "trainer.val_greedy", True)),
-                                  temperature=float(select(c, "trainer.val_temperature", 1.0)))
-    loop = AgentLoop(engine, tokenizer, template, lambda: env_cls(**env_kwargs), rcfg)
+    if c.trainer.val_max_tasks:
+        tasks = tasks[: c.trainer.val_max_tasks]
+    template = build("template", c.template)
+    rcfg = dataclasses.replace(c.rollout, n=1, greedy=c.trainer.val_greedy, temperature=c.trainer.val_temperature)
+    loop = AgentLoop(engine, tokenizer, template, lambda: build("env", c.env), rcfg)
     t0 = time.perf_counter()
     episodes = loop.run(expand_tasks([dict(t, group_id=f"eval:{i}") for i, t in enumerate(tasks)], 1))
-    composer = RewardComposer.from_config(select(c, "reward.components", {}))
+    composer = RewardComposer.from_config(c.reward.components)
     breakdowns, rmetrics = composer.compose_batch([e.trajectory for e in episodes])
     result = {
         "tasks": len(episodes),
@@ -774,10 +727,9 @@ def evaluate(cfg: Any) -> int:
         "seconds": time.perf_counter() - t0,
         **{k: v for k, v in rmetrics.items() if k.endswith("/mean")},
     }
-    print(f"eval on {result['tasks']} {env_name} validation tasks: success rate {result['success_rate']:.3f}, "
+    print(f"eval on {result['tasks']} {c.env.name} validation tasks: success rate {result['success_rate']:.3f}, "
           f"mean reward {result['reward_mean']:.3f} ({result['seconds']:.1f}s)")
-    dest = select(c, "trainer.eval_output")
-    if dest:
-        Path(str(dest)).parent.mkdir(parents=True, exist_ok=True)
-        Path(str(dest)).write_text(json.dumps(result, indent=2))
+    if c.trainer.eval_output:
+        Path(c.trainer.eval_output).parent.mkdir(parents=True, exist_ok=True)
+        Path(c.trainer.eval_output).write_text(json.dumps(result, indent=2))
     return 0

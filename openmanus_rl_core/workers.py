@@ -31,6 +31,7 @@ The log-probability of response token ``t`` is read from the logits at position 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import random
@@ -43,7 +44,7 @@ import numpy as np
 import torch
 
 from openmanus_rl_core.batch import Batch
-from openmanus_rl_core.config import select
+from openmanus_rl_core.schema import Config, OptimConfig
 
 __all__ = [
     "WorkerGroup",
@@ -187,13 +188,13 @@ class _DistributedWorker:
 
     role = "worker"
 
-    def __init__(self, cfg: Mapping[str, Any], rank: int, world_size: int, model_dir: str, total_steps: int):
-        self.cfg = cfg
+    def __init__(self, cfg: Config, rank: int, world_size: int, model_dir: str, total_steps: int):
+        self.cfg = cfg  # the typed config, once: calls carry data only
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.model_dir = str(model_dir)  # a Hugging Face folder every rank loads: all ranks start from the same weights
         self.total_steps = int(total_steps)  # sizes the LR schedule
-        torch.set_num_threads(int(select(cfg, "trainer.torch_threads", 1) or 1))
+        torch.set_num_threads(cfg.trainer.torch_threads)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         try:  # weight-loading progress bars of every worker would flood the driver's console
             from transformers.utils import logging as hf_logging
@@ -224,11 +225,10 @@ class _DistributedWorker:
 
         self.master_addr, self.master_port = str(master_addr), int(master_port)
 
-        threads = int(select(self.cfg, "trainer.torch_threads", 1) or 1)
-        torch.set_num_threads(threads)
+        torch.set_num_threads(self.cfg.trainer.torch_threads)
         os.environ.update({"MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
                            "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0"})
-        want = str(select(self.cfg, "trainer.device", "auto"))
+        want = self.cfg.trainer.device
         use_cuda = torch.cuda.is_available() and want in ("auto", "cuda")
         if want == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("trainer.device=cuda but this worker sees no CUDA device; use trainer.device=cpu")
@@ -241,8 +241,7 @@ class _DistributedWorker:
                                     init_method=f"tcp://{self.master_addr}:{self.master_port}")
         # Broadcasting the gathered (CPU) state dict needs a CPU-capable group also when the main one is NCCL.
         self.cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
-        seed = int(select(self.cfg, "seed", 0))
-        self.seed = seed
+        seed = self.seed = self.cfg.seed
         self._seed_process(seed * 1000 + 17 * self.rank + (0 if self.role == "actor" else 7))
 
     @staticmethod
@@ -361,14 +360,10 @@ class _DistributedWorker:
             dist.destroy_process_group()
 
 
-def _make_optimizer(params, ocfg: Mapping, total_steps: int):
-    betas = tuple(float(b) for b in (select(ocfg, "betas", [0.9, 0.999])))
-    optimizer = torch.optim.AdamW(
-        params, lr=float(select(ocfg, "lr", 1e-5)), betas=betas, eps=float(select(ocfg, "eps", 1e-8)),
-        weight_decay=float(select(ocfg, "weight_decay", 0.0)),
-    )
-    lr_lambda = make_lr_lambda(str(select(ocfg, "lr_schedule", "constant")), total_steps,
-                               int(select(ocfg, "lr_warmup_steps", 0)), float(select(ocfg, "min_lr_ratio", 0.0)))
+def _make_optimizer(params, ocfg: OptimConfig, total_steps: int):
+    optimizer = torch.optim.AdamW(params, lr=ocfg.lr, betas=tuple(ocfg.betas), eps=ocfg.eps,
+                                  weight_decay=ocfg.weight_decay)
+    lr_lambda = make_lr_lambda(ocfg.lr_schedule, total_steps, ocfg.lr_warmup_steps, ocfg.min_lr_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
     return optimizer, scheduler
 
@@ -406,47 +401,45 @@ class ActorWorker(_DistributedWorker):
 
     # ------------------------------------------------------------------------------------------------ set-up
     def setup(self, master_addr: str, master_port: int) -> dict:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
-        from openmanus_rl_core.models import _dtype, apply_lora, lora_scaling
+        from openmanus_rl_core.models import _dtype, apply_lora, load_tokenizer, lora_scaling
 
         self.setup_distributed(master_addr, master_port)
         cfg = self.cfg
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True, padding_side="left")
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        dtype = _dtype(select(cfg, "model.dtype", "float32"))
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, local_files_only=True, dtype=dtype)
-        if select(cfg, "model.gradient_checkpointing", False):
+        self.tokenizer = load_tokenizer(self.model_dir)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, local_files_only=True,
+                                                     dtype=_dtype(cfg.model.dtype))
+        if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         # The rollout engine's unsharded copy (FSDP2 shards in place, so copy first). With LoRA the engine holds
         # the plain model and receives merged weights (base + scaled B @ A): no adapter branches at generation.
         engine_model = copy.deepcopy(model).eval()
-        model = apply_lora(model, select(cfg, "model.lora", {}))
+        model = apply_lora(model, cfg.model.lora)
         model.train()
-        self.lora = bool(select(cfg, "model.lora.enabled", False))
-        self.lora_scaling = lora_scaling(select(cfg, "model.lora", {})) if self.lora else None
+        self.lora = cfg.model.lora.enabled
+        self.lora_scaling = lora_scaling(cfg.model.lora) if self.lora else None
         for p in engine_model.parameters():
             p.requires_grad_(False)
         # The rollout engine by name (registry "engine"; hf by default), over the unsharded copy.
-        from openmanus_rl_core.registry import registry
+        from openmanus_rl_core.registry import build
 
-        self.engine = registry("engine").build(
-            str(select(cfg, "rollout.engine", "hf")), model=engine_model, tokenizer=self.tokenizer, device=self.device,
-            seed=int(select(cfg, "seed", 0)) * 1000 + self.rank, **dict(select(cfg, "rollout.engine_kwargs", {}) or {}))
+        self.engine = build("engine", {"name": cfg.rollout.engine, "kwargs": cfg.rollout.engine_kwargs},
+                            model=engine_model, tokenizer=self.tokenizer, device=self.device,
+                            seed=cfg.seed * 1000 + self.rank)
         # The reference policy (frozen initial weights), only when a KL term needs it.
-        self.use_ref = bool(select(cfg, "algorithm.use_kl_in_reward", False) or select(cfg, "algorithm.use_kl_loss", False))
+        self.use_ref = cfg.algorithm.use_kl_in_reward or cfg.algorithm.use_kl_loss
         self.ref = None
         if self.use_ref:
             ref = copy.deepcopy(model).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
-            self.ref = apply_fsdp(ref.to(self.device), select(cfg, "trainer.mixed_precision"))
-        self.model = apply_fsdp(model.to(self.device), select(cfg, "trainer.mixed_precision"))
-        self.optim_cfg = select(cfg, "actor", {}) or {}
+            self.ref = apply_fsdp(ref.to(self.device), cfg.trainer.mixed_precision)
+        self.model = apply_fsdp(model.to(self.device), cfg.trainer.mixed_precision)
+        self.optim_cfg = cfg.actor
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = _make_optimizer(params, self.optim_cfg, self.total_steps)
-        self.temperature = float(select(cfg, "rollout.temperature", 1.0) or 1.0)
+        self.temperature = cfg.rollout.temperature
         self._env_factory = None
         self._template = None
         self.warm_optimizer = None
@@ -457,19 +450,10 @@ class ActorWorker(_DistributedWorker):
     def _agent_parts(self):
         """Template and env factory, built once per worker from the registries."""
         if self._template is None:
-            from openmanus_rl_core.registry import registry
+            from openmanus_rl_core.registry import build
 
-            tcfg = select(self.cfg, "template", {})
-            self._template = registry("template").build(tcfg["name"], **dict(select(tcfg, "kwargs", {}) or {}))
-            ecfg = select(self.cfg, "env", {})
-            env_kwargs = dict(select(ecfg, "kwargs", {}) or {})
-            # Resolved once: a registry lookup reads package metadata, too slow to repeat for every episode.
-            env_cls = registry("env").get(ecfg["name"])
-
-            def env_factory():
-                return env_cls(**env_kwargs)
-
-            self._env_factory = env_factory
+            self._template = build("template", self.cfg.template)
+            self._env_factory = lambda: build("env", self.cfg.env)
         return self._template, self._env_factory
 
     # ---------------------------------------------------------------------------------------------- rollout
@@ -480,11 +464,11 @@ class ActorWorker(_DistributedWorker):
         ``keep_rng``: leave the sampling generator's state as it was (validation must not shift the training
         samples, so a resumed run samples the same as an uninterrupted one).
         """
-        from openmanus_rl_core.rollout import AgentLoop, RolloutConfig
+        from openmanus_rl_core.rollout import AgentLoop
 
         template, env_factory = self._agent_parts()
-        rcfg = _rollout_cfg(self.cfg, overrides)
-        loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, RolloutConfig.from_cfg(rcfg))
+        rcfg = dataclasses.replace(self.cfg.rollout, **dict(overrides or {}))
+        loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, rcfg)
         try:
             if keep_rng:
                 with _saved_generator(self.engine.generator):
@@ -492,16 +476,16 @@ class ActorWorker(_DistributedWorker):
             return loop.run(tasks)
         finally:
             # Colocated on one device: hand the engine's memory to training until the next generate / weight push.
-            if select(self.cfg, "rollout.sleep_after_rollout", True) and hasattr(self.engine, "sleep"):
+            if self.cfg.rollout.sleep_after_rollout and hasattr(self.engine, "sleep"):
                 self.engine.sleep()
 
     # ------------------------------------------------------------------------------------------- log-probs
     @torch.no_grad()
-    def compute_log_probs(self, batch: Batch, micro_batch_size: int | None = None,
-                          with_ref: bool = True, with_old: bool = True) -> dict[str, torch.Tensor]:
-        """``old_log_probs`` (current policy) and ``ref_log_probs`` (reference policy) for this rank's rows."""
+    def compute_log_probs(self, batch: Batch, with_ref: bool = True, with_old: bool = True) -> dict[str, torch.Tensor]:
+        """``old_log_probs`` (current policy) and ``ref_log_probs`` (reference policy) for this rank's rows,
+        ``actor.log_prob_micro_batch_size`` rows per forward pass."""
         out: dict[str, torch.Tensor] = {}
-        parts = _micro(batch.to(self.device), micro_batch_size)
+        parts = _micro(batch.to(self.device), self.optim_cfg.log_prob_micro_batch_size)
         if with_old:
             self.model.eval()
             out["old_log_probs"] = torch.cat([sequence_logprobs(self.model, mb, self.temperature)[0]
@@ -513,7 +497,8 @@ class ActorWorker(_DistributedWorker):
         return out
 
     # ---------------------------------------------------------------------------------------------- update
-    def update(self, batch: Batch, step: int, algo: Mapping[str, Any]) -> dict[str, float]:
+    def update(self, batch: Batch, step: int, debug_nan_step: int | None = None,
+               debug_crash: tuple[int, str] | None = None) -> dict[str, float]:
         """PPO-style policy update over this rank's rows; returns metrics averaged over mini-batches.
 
         Batch needs ``input_ids, attention_mask, position_ids, responses, response_mask, advantages`` and either
@@ -526,20 +511,15 @@ class ActorWorker(_DistributedWorker):
         from openmanus_rl_core.algorithms import agg_loss, kl_penalty
         from openmanus_rl_core.registry import registry
 
-        loss_fn = registry("loss").get(str(algo.get("policy_loss", "ppo_clip")))
-        loss_cfg = dict(algo.get("loss_cfg", {}) or {})
-        agg_mode = loss_cfg.get("agg_mode", "token-mean")
-        ent_coef = float(algo.get("entropy_coeff", 0.0) or 0.0)
-        use_kl_loss = bool(algo.get("use_kl_loss", False)) and self.ref is not None
-        kl_coef = float(algo.get("kl_loss_coef", 0.0) or 0.0)
-        kl_type = str(algo.get("kl_loss_type", "k3"))
-        grad_clip = float(select(self.optim_cfg, "grad_clip", 1.0) or 0.0)
-        epochs = int(select(self.optim_cfg, "ppo_epochs", 1) or 1)
-        mini = select(self.optim_cfg, "ppo_mini_batch_size")
-        mini = None if mini is None else max(1, int(mini) // self.world_size)
-        micro = select(self.optim_cfg, "micro_batch_size")
-        inject_nan = algo.get("debug_nan_step") is not None and int(algo["debug_nan_step"]) == int(step)
-        crash = algo.get("debug_crash")
+        algo, ocfg = self.cfg.algorithm, self.optim_cfg
+        loss_fn = registry("loss").get(algo.policy_loss)
+        loss_cfg = dict(algo.loss_cfg)
+        agg_mode = loss_cfg["agg_mode"]
+        ent_coef = algo.entropy_coeff
+        use_kl_loss = algo.use_kl_loss and self.ref is not None
+        mini = None if ocfg.ppo_mini_batch_size is None else max(1, ocfg.ppo_mini_batch_size // self.world_size)
+        inject_nan = debug_nan_step is not None and debug_nan_step == int(step)
+        crash = debug_crash
         if crash and int(crash[0]) == int(step) and self.rank == self.world_size - 1 and not os.path.exists(crash[1]):
             # Test-only switch (trainer.debug_crash_step): the last rank dies once, mid-step, as a real crash would.
             Path(crash[1]).touch()
@@ -549,10 +529,9 @@ class ActorWorker(_DistributedWorker):
         self.model.train()
         per_update: list[dict[str, float]] = []  # one stats dict per optimizer step (mini-batch)
         skipped = 0
-        for epoch, mb in _minibatches(batch, mini, epochs, bool(select(self.optim_cfg, "shuffle", True)),
-                                      (self.seed, int(step), self.rank)):
+        for epoch, mb in _minibatches(batch, mini, ocfg.ppo_epochs, ocfg.shuffle, (self.seed, int(step), self.rank)):
             self.optimizer.zero_grad(set_to_none=True)
-            parts = _micro(mb, micro)
+            parts = _micro(mb, ocfg.micro_batch_size)
             mb_tokens = float(mb["response_mask"].sum().clamp_min(1))
             stats: dict[str, float] = {}
             loss_total = 0.0
@@ -566,10 +545,10 @@ class ActorWorker(_DistributedWorker):
                 if ent_coef:
                     loss = loss - ent_coef * ent
                 if use_kl_loss:
-                    kl = agg_loss(kl_penalty(logp, part["ref_log_probs"], kl_type), mask, agg_mode)
-                    loss = loss + kl_coef * kl
+                    kl = agg_loss(kl_penalty(logp, part["ref_log_probs"], algo.kl_loss_type), mask, agg_mode)
+                    loss = loss + algo.kl_loss_coef * kl
                     _acc(stats, "actor/kl_loss", float(kl.detach()))
-                if inject_nan:  # test-only switch (algorithm.debug_nan_step): poison this step's loss
+                if inject_nan:  # test-only switch (trainer.debug_nan_step): poison this step's loss
                     loss = loss * float("nan")
                 # Micro-batches weighted by their share of the mini-batch's tokens: the sum equals the
                 # mini-batch's token-mean loss.
@@ -580,7 +559,7 @@ class ActorWorker(_DistributedWorker):
                 _acc(stats, "actor/entropy", float(ent.detach()) * weight)
                 _acc(stats, "actor/pg_clipfrac", float(pg_metrics.get("clipfrac", 0.0)) * weight)
                 _acc(stats, "actor/ppo_kl", float(pg_metrics.get("approx_kl", 0.0)) * weight)
-            grad_norm, stepped = self._clip_and_step(self.optimizer, loss_total, grad_clip)
+            grad_norm, stepped = self._clip_and_step(self.optimizer, loss_total, ocfg.grad_clip)
             skipped += not stepped
             stats["actor/loss"] = loss_total
             stats["actor/grad_norm"] = grad_norm
@@ -588,7 +567,7 @@ class ActorWorker(_DistributedWorker):
         return self._finish_updates("actor", per_update, skipped)
 
     # ---------------------------------------------------------------------------------- supervised warm-up
-    def sft_update(self, batch: Batch, lr: float, grad_clip: float = 1.0) -> dict[str, float]:
+    def sft_update(self, batch: Batch, lr: float, grad_clip: float) -> dict[str, float]:
         """One supervised step on demonstrations: token-mean cross-entropy over ``loss_mask``.
 
         Batch: ``input_ids, attention_mask, position_ids, loss_mask`` (all ``[B, L]``; ``loss_mask[b, t] = 1``
@@ -708,61 +687,59 @@ class CriticWorker(_DistributedWorker):
         from openmanus_rl_core.models import _dtype
 
         self.setup_distributed(master_addr, master_port)
-        dtype = _dtype(select(self.cfg, "model.dtype", "float32"))
+        dtype = _dtype(self.cfg.model.dtype)
         config = AutoConfig.from_pretrained(self.model_dir, local_files_only=True)
         backbone = AutoModel.from_pretrained(self.model_dir, local_files_only=True, dtype=dtype)
         hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd"))
         model = ValueModel(backbone, hidden).to(dtype)
         model.train()
-        self.model = apply_fsdp(model.to(self.device), select(self.cfg, "trainer.mixed_precision"))
-        self.optim_cfg = select(self.cfg, "critic", {}) or {}
+        self.model = apply_fsdp(model.to(self.device), self.cfg.trainer.mixed_precision)
+        self.optim_cfg = self.cfg.critic
         self.optimizer, self.scheduler = _make_optimizer(list(self.model.parameters()), self.optim_cfg,
                                                          self.total_steps)
         return {"rank": self.rank, "device": str(self.device),
                 "params": int(sum(p.numel() for p in self.model.parameters()))}
 
     @torch.no_grad()
-    def compute_values(self, batch: Batch, micro_batch_size: int | None = None) -> torch.Tensor:
-        """Values ``[B, R]`` for this rank's rows (0 where ``response_mask`` is 0)."""
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """Values ``[B, R]`` for this rank's rows (0 where ``response_mask`` is 0), ``critic.micro_batch_size``
+        rows per forward pass."""
         self.model.eval()
         batch = batch.to(self.device)
-        values = torch.cat([_value_positions(self.model, mb) for mb in _micro(batch, micro_batch_size)])
+        values = torch.cat([_value_positions(self.model, mb)
+                            for mb in _micro(batch, self.optim_cfg.micro_batch_size)])
         self.model.train()
         return (values * batch["response_mask"].to(values.dtype)).cpu()
 
-    def update(self, batch: Batch, step: int, algo: Mapping[str, Any]) -> dict[str, float]:
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
         """Clipped value regression on ``returns`` (needs ``values`` = the old values, ``returns``,
         ``response_mask``), mini-batches over ``critic.ppo_epochs``, gradient clipping, NaN skipping."""
         from openmanus_rl_core.algorithms import value_loss
 
         batch = batch.to(self.device)
-        clip = self.optim_cfg.get("value_clip", 0.5)
-        agg_mode = str((algo.get("loss_cfg", {}) or {}).get("agg_mode", "token-mean"))
-        grad_clip = float(select(self.optim_cfg, "grad_clip", 1.0) or 0.0)
-        epochs = int(select(self.optim_cfg, "ppo_epochs", 1) or 1)
-        mini = select(self.optim_cfg, "ppo_mini_batch_size")
-        mini = None if mini is None else max(1, int(mini) // self.world_size)
-        micro = select(self.optim_cfg, "micro_batch_size")
+        ocfg = self.optim_cfg
+        clip = ocfg.value_clip
+        agg_mode = self.cfg.algorithm.loss_cfg["agg_mode"]
+        mini = None if ocfg.ppo_mini_batch_size is None else max(1, ocfg.ppo_mini_batch_size // self.world_size)
         per_update: list[dict[str, float]] = []
         skipped = 0
         self.model.train()
-        for epoch, mb in _minibatches(batch, mini, epochs, bool(select(self.optim_cfg, "shuffle", True)),
-                                      (self.seed, int(step), self.rank, 1)):
+        for epoch, mb in _minibatches(batch, mini, ocfg.ppo_epochs, ocfg.shuffle, (self.seed, int(step), self.rank, 1)):
             self.optimizer.zero_grad(set_to_none=True)
-            parts = _micro(mb, micro)
+            parts = _micro(mb, ocfg.micro_batch_size)
             mb_tokens = float(mb["response_mask"].sum().clamp_min(1))
             stats: dict[str, float] = {}
             total = 0.0
             for part in parts:
                 vpred = _value_positions(self.model, part)
                 loss, m = value_loss(vpred, part["values"], part["returns"], part["response_mask"],
-                                     clip=None if clip is None else float(clip), agg_mode=agg_mode)
+                                     clip=clip, agg_mode=agg_mode)
                 weight = float(part["response_mask"].sum()) / mb_tokens if len(parts) > 1 else 1.0
                 (loss * weight).backward()
                 total += float(loss.detach()) * weight
                 _acc(stats, "critic/vf_clipfrac", m.get("vf_clipfrac", 0.0) * weight)
                 _acc(stats, "critic/vpred_mean", m.get("vpred_mean", 0.0) * weight)
-            gn, stepped = self._clip_and_step(self.optimizer, total, grad_clip)
+            gn, stepped = self._clip_and_step(self.optimizer, total, ocfg.grad_clip)
             skipped += not stepped
             stats["critic/vf_loss"] = total
             stats["critic/grad_norm"] = gn
@@ -798,15 +775,6 @@ def _saved_generator(gen: torch.Generator):
         gen.set_state(state)
 
 
-def _rollout_cfg(cfg: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict:
-    """The config the rollout reads, with per-call overrides applied to its ``rollout`` section."""
-    out = dict(cfg)
-    rollout = dict(select(cfg, "rollout", {}) or {})
-    rollout.update(dict(overrides or {}))
-    out["rollout"] = rollout
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ groups
 class WorkerGroupError(RuntimeError):
     """A rank of a worker group raised or died during ``method``; the group has been stopped."""
@@ -831,7 +799,7 @@ class WorkerGroup:
     (instead of the driver hanging until the collective's own timeout).
     """
 
-    def __init__(self, cls: type, size: int, cfg: Mapping[str, Any], num_cpus: float = 1.0, num_gpus: float = 0.0,
+    def __init__(self, cls: type, size: int, cfg: Config, num_cpus: float = 1.0, num_gpus: float = 0.0,
                  name: str = "worker", placement_strategy: str = "SPREAD", **kwargs: Any):
         import ray
 

@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from omegaconf import OmegaConf
 
 from openmanus_rl_core import data
 from openmanus_rl_core.data import DataError, TaskSampler, load_tasks, write_tasks
@@ -214,17 +213,10 @@ def test_generate_wraps_ids_and_separates_by_seed_when_the_env_is_small():
 
 
 def _cfg(tmp_path, **env):
-    return OmegaConf.create({
-        "seed": 0,
-        "env": {"name": "unit_env", "num_tasks": 100, **env},
-        "data": {**OmegaConf.to_container(OmegaConf.load(data_config_path())), "dir": str(tmp_path / "made")},
-    })
+    from openmanus_rl_core.schema import Config, DataConfig, EnvConfig
 
-
-def data_config_path():
-    from pathlib import Path
-
-    return Path(__file__).resolve().parents[1] / "configs" / "data" / "default.yaml"
+    return Config(env=EnvConfig(**{"name": "unit_env", "max_turns": 1, "num_tasks": 100, **env}),
+                  data=DataConfig(dir=str(tmp_path / "made"), seed=0))
 
 
 def test_make_writes_both_splits_and_prints_paths(tmp_path, capsys):
@@ -237,18 +229,20 @@ def test_make_writes_both_splits_and_prints_paths(tmp_path, capsys):
     assert str(tmp_path / "made" / "train.parquet") in out and "(4 tasks)" in out and "(2 tasks)" in out
 
 
-def test_make_falls_back_to_data_defaults(tmp_path):
-    cfg = _cfg(tmp_path)
-    cfg.data.train_tasks, cfg.data.val_tasks = 6, 3
-    data.make(cfg)
-    assert len(load_tasks(tmp_path / "made" / "train.parquet")) == 6
-    assert len(load_tasks(tmp_path / "made" / "val.parquet")) == 3
+def test_make_falls_back_to_the_schema_task_counts(tmp_path):
+    from openmanus_rl_core.schema import EnvConfig
+
+    data.make(_cfg(tmp_path))
+    assert len(load_tasks(tmp_path / "made" / "train.parquet")) == EnvConfig.train_tasks == 256
+    assert len(load_tasks(tmp_path / "made" / "val.parquet")) == EnvConfig.val_tasks == 64
 
 
 def test_data_config_defaults_resolve(tmp_path, monkeypatch):
+    from openmanus_rl_core.config import compose
+
     monkeypatch.setenv("HOME", "/home/u")
     monkeypatch.delenv("OPENMANUS_RL_DATA", raising=False)
-    cfg = OmegaConf.create({"seed": 4, "env": {"name": "word_copy"}, "data": OmegaConf.load(data_config_path())})
+    cfg = compose(["seed=4", "env=word_copy"])
     assert cfg.data.dir == "/home/u/.cache/openmanus_rl/data/word_copy"
     assert cfg.data.seed == 4 and cfg.data.train_files is None and cfg.data.shuffle is True
     monkeypatch.setenv("OPENMANUS_RL_DATA", "/data")
@@ -285,11 +279,13 @@ def test_make_uses_the_env_num_tasks_from_the_registry(tmp_path, monkeypatch):
             assert name == "unit_env"
             return Small
 
+        def build(self, name, **kwargs):
+            return self.get(name)(**kwargs)
+
     import openmanus_rl_core.registry as reg
 
     monkeypatch.setattr(reg, "registry", lambda kind: FakeRegistry())
-    cfg = _cfg(tmp_path, train_tasks=3, val_tasks=2, kwargs={"size": 3})
-    del cfg.env["num_tasks"]
+    cfg = _cfg(tmp_path, train_tasks=3, val_tasks=2, kwargs={"size": 3}, num_tasks=None)
     data.make(cfg)
     assert [t["task_id"] for t in load_tasks(tmp_path / "made" / "train.parquet")] == [0, 1, 2]
     assert [t["task_id"] for t in load_tasks(tmp_path / "made" / "val.parquet")] == [0, 1]  # 3 + 2 > 3: wrapped

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from openmanus_rl_core.models import (
     CHATML_TEMPLATE,
@@ -18,6 +17,7 @@ from openmanus_rl_core.models import (
     lora_scaling,
     merge_lora_state,
 )
+from openmanus_rl_core.schema import LoraConfig, ModelConfig, TinyModelConfig
 
 TEXTS = ["<action>open box</action>", "The box is open. The note says: apple.", "say apple"] * 3 + [
     f"word {i} and more words" for i in range(40)
@@ -112,14 +112,12 @@ def test_tiny_model_head_dim(tok):
 
 
 def test_load_model_and_tokenizer_tiny_then_by_path(tmp_path):
-    cfg = OmegaConf.load("configs/model/tiny.yaml")
+    cfg = ModelConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64))
     assert cfg.path is None and cfg.lora.enabled is False
-    cfg.tiny.hidden_size = 32
-    cfg.tiny.intermediate_size = 64
     m, t = load_model_and_tokenizer(cfg, corpus=TEXTS, save_dir=tmp_path / "m")
     assert t.padding_side == "left"
-    cfg2 = OmegaConf.create({"path": str(tmp_path / "m"), "dtype": "float32"})
-    m2, t2 = load_model_and_tokenizer(cfg2)
+    assert m.config.hidden_size == 32 and m.config.initializer_range == TinyModelConfig.initializer_range
+    m2, t2 = load_model_and_tokenizer(ModelConfig(path=str(tmp_path / "m")))
     assert t2.padding_side == "left" and t2.eos_token == IM_END
     assert t2.get_vocab() == t.get_vocab()
     sd, sd2 = m.state_dict(), m2.state_dict()
@@ -128,15 +126,15 @@ def test_load_model_and_tokenizer_tiny_then_by_path(tmp_path):
 
 def test_load_missing_path_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
-        load_model_and_tokenizer({"path": str(tmp_path / "nope")})
+        load_model_and_tokenizer(ModelConfig(path=str(tmp_path / "nope")))
 
 
 def test_dtype_option(tok):
-    m, _ = load_model_and_tokenizer({"tiny": {"hidden_size": 32, "intermediate_size": 64}, "dtype": "bfloat16"},
-                                    corpus=TEXTS)
+    small = TinyModelConfig(hidden_size=32, intermediate_size=64)
+    m, _ = load_model_and_tokenizer(ModelConfig(tiny=small, dtype="bfloat16"), corpus=TEXTS)
     assert next(m.parameters()).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
-        load_model_and_tokenizer({"dtype": "float7"}, corpus=TEXTS)
+        load_model_and_tokenizer(ModelConfig(tiny=small, dtype="float7"), corpus=TEXTS)
 
 
 @pytest.mark.parametrize("rslora", [False, True])
@@ -145,8 +143,8 @@ def test_merge_lora_state_equals_peft_merge_and_unload(tok, rslora):
 
     base = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
     plain_keys = set(base.state_dict())
-    lora_cfg = {"enabled": True, "r": 4, "alpha": 12, "use_rslora": rslora,
-                "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    lora_cfg = LoraConfig(enabled=True, r=4, alpha=12, use_rslora=rslora,
+                          target_modules=["q_proj", "v_proj", "down_proj"])
     model = apply_lora(copy.deepcopy(base), lora_cfg)
     if rslora:  # apply_lora passes the option through to PEFT
         assert model.peft_config["default"].use_rslora
@@ -178,4 +176,4 @@ def test_merge_lora_state_names_a_broken_adapter(tok):
     with pytest.raises(ValueError, match=r"'base_model.model.m.q' has lora_A but not both"):
         merge_lora_state(sd, 1.0)
     with pytest.raises(ValueError, match="model.lora.r must be >= 1, got 0"):
-        lora_scaling({"r": 0})
+        lora_scaling(LoraConfig(r=0))

@@ -411,18 +411,17 @@ def test_rollout_metrics(model, tok, env_log):
     assert rollout_metrics([]) == {}
 
 
-def test_rollout_config_from_cfg():
-    from omegaconf import OmegaConf
+def test_rollout_section_follows_the_env_and_the_algorithm():
+    from openmanus_rl_core.config import ConfigError, load
+    from openmanus_rl_core.rollout import sampling_params
 
-    root = OmegaConf.create({"env": {"max_turns": 7}, "rollout": OmegaConf.load("configs/rollout/default.yaml")})
-    c = RolloutConfig.from_cfg(root.rollout)
-    assert c.max_turns == 7 and c.n == 1 and isinstance(c.temperature, float)
-    assert RolloutConfig.from_cfg({"env": {"max_turns": 3}, "rollout": {"greedy": True}}).max_turns == 3
-    assert RolloutConfig.from_cfg({"n": 4, "unknown_key": 1}).n == 4
-    with pytest.raises(ValueError, match="max_turns"):
-        RolloutConfig.from_cfg({"max_turns": 0})
-    sp = RolloutConfig(temperature=0.5, top_k=3).sampling(["</a>"])
-    assert isinstance(sp, SamplingParams) and sp.stop == ["</a>"] and sp.top_k == 3
+    c = load(["env=guess_number", "algorithm.n=3"]).rollout
+    assert c.max_turns == 6 and c.n == 3 and isinstance(c.temperature, float)
+    assert load(["env=guess_number", "rollout.max_turns=2"]).rollout.max_turns == 2
+    with pytest.raises(ConfigError, match=r"^rollout.max_turns=0: must be >= 1$"):
+        load(["rollout.max_turns=0"])
+    sp = sampling_params(RolloutConfig(temperature=0.5, top_k=3), ["</a>"])
+    assert isinstance(sp, SamplingParams) and sp.stop == ["</a>"] and sp.top_k == 3 and sp.temperature == 0.5
 
 
 def test_no_threads_left_behind(model, tok, env_log):

@@ -19,18 +19,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _compose(overrides):
-    """Compose like the CLI does, adding the groups that the root config does not select by default."""
-    from openmanus_rl_core.config import compose
-    from openmanus_rl_core.registry import registry
+    """The checked, typed config as the CLI hands it to the job."""
+    from openmanus_rl_core.config import load
 
-    for kind, name in (("env", "key_door"), ("template", "react"), ("allocator", "last_token")):
-        if name not in registry(kind).names():
-            pytest.skip(f"built-in {kind} {name!r} not installed")
-    base = compose(["env=key_door"])
-    groups = {"template": "react", "reward": "default", "allocator": "last_token", "model": "tiny",
-              "rollout": "default"}
-    picks = [f"{g}={o}" if g in base else f"+{g}={o}" for g, o in groups.items()]
-    return compose(["env=key_door", *picks, *FAST, *overrides])
+    return load(["env=key_door", *FAST, *overrides], training=False)
 
 
 def test_rollout_job_writes_jsonl_and_html(tmp_path, capsys):
@@ -73,7 +65,7 @@ def test_rollout_job_reads_a_task_file(tmp_path):
 
 
 def test_default_tasks_come_from_num_tasks():
-    cfg = {"rollout": {"num_tasks": 3, "task_offset": 10}, "seed": 1}
+    cfg = _compose(["rollout.num_tasks=3", "rollout.task_offset=10", "seed=1"])
     assert load_task_rows(cfg) == [{"task_id": 10, "seed": 11}, {"task_id": 11, "seed": 12},
                                    {"task_id": 12, "seed": 13}]
 

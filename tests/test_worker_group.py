@@ -14,9 +14,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from openmanus_rl_core.schema import Config, TrainerConfig  # noqa: E402
 from openmanus_rl_core.workers import WorkerGroup, WorkerGroupError, _DistributedWorker  # noqa: E402
 
-CFG = {"seed": 0, "trainer": {"torch_threads": 1, "device": "cpu"}}
+CFG = Config(seed=0, trainer=TrainerConfig(torch_threads=1, device="cpu"))
 
 
 class _SumWorker(_DistributedWorker):

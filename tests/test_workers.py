@@ -18,18 +18,11 @@ from openmanus_rl_core.workers import (
 )
 
 
-def _cfg(**algo):
-    return {
-        "seed": 3,
-        "env": {"name": "word_copy", "kwargs": {}, "max_turns": 1},
-        "template": {"name": "react", "kwargs": {}},
-        "model": {"dtype": "float32", "lora": {"enabled": False}},
-        "rollout": {"engine": "hf", "n": 1, "max_turns": 1, "max_new_tokens": 8, "temperature": 1.0},
-        "algorithm": {"use_kl_in_reward": False, "use_kl_loss": False, **algo},
-        "actor": {"lr": 1e-2, "grad_clip": 1.0, "ppo_epochs": 1},
-        "critic": {"lr": 1e-2, "grad_clip": 1.0, "value_clip": 0.5},
-        "trainer": {"torch_threads": 1, "device": "cpu"},
-    }
+def _cfg(*overrides):
+    from openmanus_rl_core.config import load
+
+    return load(["seed=3", "env=word_copy", "template=react", "rollout.max_new_tokens=8", "actor.lr=1e-2",
+                 "critic.lr=1e-2", "trainer.device=cpu", *overrides], training=False)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +32,11 @@ def model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("model")
     corpus = ["Say: apple", "<action>apple</action>", "Say: bird", "<action>bird</action>",
               "Reply with the word you are asked to say."] * 3
-    load_model_and_tokenizer({"tiny": {"vocab_size": 300, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
-                                       "num_kv_heads": 1, "intermediate_size": 64}}, corpus, save_dir=d)
+    from openmanus_rl_core.schema import ModelConfig, TinyModelConfig
+
+    tiny = TinyModelConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                           intermediate_size=64, initializer_range=0.02)
+    load_model_and_tokenizer(ModelConfig(tiny=tiny), corpus, save_dir=d)
     return str(d)
 
 
@@ -114,13 +110,13 @@ def test_the_engine_sleeps_after_each_rollout_and_wakes_for_the_next(actor):
     calls = actor.engine.calls
     _, again = _rollout_batch(actor, tasks=2)
     assert actor.engine.calls > calls and len(again) == 2 and actor.engine.asleep
-    actor.cfg["rollout"]["sleep_after_rollout"] = False
+    actor.cfg.rollout.sleep_after_rollout = False
     try:
         actor.engine.wake_up()
         _rollout_batch(actor, tasks=2)
         assert not actor.engine.asleep
     finally:
-        del actor.cfg["rollout"]["sleep_after_rollout"]
+        actor.cfg.rollout.sleep_after_rollout = True
 
 
 def _params(worker):
@@ -131,7 +127,7 @@ def test_update_moves_the_policy_and_sync_pushes_it_into_the_engine(actor):
     batch, _ = _rollout_batch(actor)
     batch["advantages"] = torch.randn(batch["response_mask"].shape) * batch["response_mask"]
     before = _params(actor)
-    m = actor.update(batch, step=1, algo={"loss_cfg": {"clip_low": 0.2, "clip_high": 0.2}})
+    m = actor.update(batch, step=1)
     assert m["actor/skipped_updates"] == 0 and math.isfinite(m["actor/grad_norm"]) and m["actor/grad_norm"] > 0
     assert math.isfinite(m["actor/entropy"]) and m["actor/pg_clipfrac"] == 0.0  # on-policy: ratio 1
     assert all(torch.equal(before[k], v) for k, v in _params(actor).items())  # engine untouched until the sync
@@ -147,13 +143,13 @@ def test_a_nan_loss_skips_the_optimizer_step_and_is_counted(actor):
     batch, _ = _rollout_batch(actor)
     batch["advantages"] = torch.ones(batch["response_mask"].shape) * batch["response_mask"]
     before = actor.get_model_state()
-    m = actor.update(batch, step=7, algo={"debug_nan_step": 7})
+    m = actor.update(batch, step=7, debug_nan_step=7)
     assert m["actor/skipped_updates"] == 1.0
     assert not math.isfinite(m["actor/loss"])
     after = actor.get_model_state()
     assert all(torch.equal(before[k], after[k]) for k in before)
     # The same batch on another step (no injection) trains.
-    m = actor.update(batch, step=8, algo={"debug_nan_step": 7})
+    m = actor.update(batch, step=8, debug_nan_step=7)
     assert m["actor/skipped_updates"] == 0.0
 
 
@@ -170,7 +166,7 @@ def test_a_nan_gradient_from_the_loss_function_is_skipped(actor, monkeypatch):
     batch, _ = _rollout_batch(actor)
     batch["advantages"] = torch.ones(batch["response_mask"].shape) * batch["response_mask"]
     before = actor.get_model_state()
-    m = actor.update(batch, step=9, algo={})
+    m = actor.update(batch, step=9)
     assert m["actor/skipped_updates"] == 1.0 and not math.isfinite(m["actor/grad_norm"])
     assert all(torch.equal(before[k], v) for k, v in actor.get_model_state().items())
 
@@ -181,13 +177,13 @@ def test_state_round_trip_restores_weights_optimizer_and_sampling(actor):
     assert set(state) >= {"model", "optimizer", "scheduler", "rng"}
     batch, _ = _rollout_batch(actor)
     batch["advantages"] = torch.randn(batch["response_mask"].shape) * batch["response_mask"]
-    first = actor.update(batch, step=2, algo={})
+    first = actor.update(batch, step=2)
     actor.sync_rollout_weights()
     sample_a = [e.response_ids for e in _rollout_batch(actor)[1]]
     actor.load_state(state["model"], state["optimizer"], state["scheduler"], state["rng"])
     replay, _ = _rollout_batch(actor)  # the same sampler position as the first rollout above
     assert torch.equal(replay["responses"], batch["responses"])
-    again = actor.update(batch, step=2, algo={})
+    again = actor.update(batch, step=2)
     actor.sync_rollout_weights()
     sample_b = [e.response_ids for e in _rollout_batch(actor)[1]]
     assert again["actor/loss"] == pytest.approx(first["actor/loss"], abs=1e-7)
@@ -203,7 +199,7 @@ def test_critic_values_start_at_zero_and_regress_towards_the_returns(model_dir, 
     assert values.shape == batch["responses"].shape and float(values.abs().max()) == 0.0
     batch["values"] = values
     batch["returns"] = torch.full_like(values, 0.3) * batch["response_mask"]
-    losses = [critic.update(batch, step=s, algo={})["critic/vf_loss"] for s in range(1, 6)]
+    losses = [critic.update(batch, step=s)["critic/vf_loss"] for s in range(1, 6)]
     assert losses[-1] < losses[0]
     v2 = critic.compute_values(batch)
     mask = batch["response_mask"].bool()
@@ -211,16 +207,15 @@ def test_critic_values_start_at_zero_and_regress_towards_the_returns(model_dir, 
 
 
 def test_lora_trains_only_the_adapters_and_syncs_them_into_the_engine(model_dir, dist_group, actor):
-    cfg = _cfg()
-    cfg["model"]["lora"] = {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    cfg = _cfg("model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8")
     w = ActorWorker(cfg, rank=0, world_size=1, model_dir=model_dir, total_steps=10)
     info = w.setup(*dist_group)
     assert 0 < info["trainable"] < info["params"]
     batch, _ = _rollout_batch(w)
     batch["advantages"] = torch.randn(batch["response_mask"].shape) * batch["response_mask"]
     before = w.get_model_state()
-    w.update(batch, step=1, algo={})
-    w.update(batch, step=2, algo={})
+    w.update(batch, step=1)
+    w.update(batch, step=2)
     after = w.get_model_state()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all("lora_" in k for k in changed)
@@ -230,7 +225,7 @@ def test_lora_trains_only_the_adapters_and_syncs_them_into_the_engine(model_dir,
 
     engine_sd = w.engine.model.state_dict()
     assert not any("lora_" in k or "base_layer" in k for k in engine_sd)
-    merged = merge_lora_state(after, lora_scaling(cfg["model"]["lora"]))
+    merged = merge_lora_state(after, lora_scaling(cfg.model.lora))
     assert set(engine_sd) == set(merged) | {"lm_head.weight"}  # tied lm_head: the engine fills it in
     assert all(torch.equal(engine_sd[k], merged[k]) for k in merged)
     q = "model.layers.0.self_attn.q_proj.weight"

@@ -1,0 +1,337 @@
+"""The typed configuration: one dataclass per section, the single source of every default.
+
+Hydra composes ``configs/config.yaml`` on top of :class:`Config` (registered in Hydra's ConfigStore as
+``schema``), so a YAML file only chooses options (``env=key_door``) and overrides values; a key the schema does
+not know, or a value of the wrong type, fails the composition. :func:`openmanus_rl_core.config.load` then checks
+ranges and the cross-field rules (:data:`RULES`) before anything starts.
+
+Plugin-owned parts stay open mappings, checked by the plugin when :func:`openmanus_rl_core.registry.build`
+builds it: ``env.kwargs``, ``template.kwargs``, ``allocator.kwargs``, ``reward.components.<label>.kwargs``,
+``algorithm.loss_cfg`` (the policy loss's options) and ``rollout.engine_kwargs``.
+
+A field's ``metadata``: ``help`` (one line for ``docs/configuration.md``), and optional ``ge`` / ``gt`` (lower
+bounds) and ``choices``; ``None`` always passes a bound (a field that may be null says what null means).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+def opt(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
+        choices: tuple | None = None) -> Any:
+    """A schema field: its default, its one-line meaning and its allowed values."""
+    meta = {"help": help, "ge": ge, "gt": gt, "choices": choices}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# -------------------------------------------------------------------------------------------- plugin choices
+@dataclass
+class EnvConfig:
+    """The environment (group ``env``: each option is a plugin's ``env/<name>.yaml``)."""
+
+    name: str = opt(MISSING, "env plugin name (registry `openmanus_rl.envs`)")
+    kwargs: Dict[str, Any] = opt({}, "constructor arguments of the env (checked by the env plugin)")
+    max_turns: int = opt(MISSING, "model replies per episode", ge=1)
+    train_tasks: int = opt(256, "training tasks a generated split holds (`data make` and data.train_files=null)",
+                           ge=1)
+    val_tasks: int = opt(64, "validation tasks a generated split holds", ge=0)
+    num_tasks: Optional[int] = opt(None, "task ids the env has; generated ids wrap around it (null: ask the env)",
+                                   ge=1)
+
+
+@dataclass
+class NamedComponentConfig:
+    """A component built by name from its registry, with free-form kwargs the plugin checks."""
+
+    name: str = opt(MISSING, "component name in its registry (`openmanus-rl plugins <kind>` lists them)")
+    kwargs: Dict[str, Any] = opt({}, "constructor arguments (checked by the plugin)")
+
+
+@dataclass
+class RewardComponentConfig:
+    name: str = opt(MISSING, "reward plugin name (registry `openmanus_rl.rewards`)")
+    weight: float = opt(1.0, "weight of this component in the total reward")
+    kwargs: Dict[str, Any] = opt({}, "constructor arguments (checked by the plugin)")
+
+
+@dataclass
+class RewardConfig:
+    """The reward (group ``reward``): weighted components, summed."""
+
+    components: Dict[str, RewardComponentConfig] = opt({}, "label -> {name, weight, kwargs}")
+
+
+# -------------------------------------------------------------------------------------------------- algorithm
+@dataclass
+class KLControlConfig:
+    type: str = opt("fixed", "KL coefficient controller", choices=("fixed", "adaptive"))
+    kl_coef: float = opt(0.001, "initial KL reward-penalty coefficient", ge=0)
+    target_kl: float = opt(0.1, "adaptive: the KL the coefficient steers towards", gt=0)
+    horizon: int = opt(10000, "adaptive: samples over which the coefficient adapts", ge=1)
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantages, policy loss and KL (group ``algorithm``: grpo, ppo, gigpo)."""
+
+    adv_estimator: str = opt("grpo", "advantage estimator (registry `openmanus_rl.advantages`)")
+    n: int = opt(8, "group size: samples per task (rollout.n follows it)", ge=1)
+    norm_by_std: bool = opt(True, "grpo/gigpo: divide by the group's reward std")
+    epsilon: float = opt(1.0e-6, "grpo/gigpo: added to the std", gt=0)
+    step_weight: float = opt(1.0, "gigpo: weight of the step-level advantage")
+    gamma: float = opt(1.0, "discount (gae, reinforce_plus_plus, gigpo steps)", ge=0)
+    lam: float = opt(1.0, "gae: lambda", ge=0)
+    use_critic: bool = opt(False, "train a value model (CriticWorker); needs an estimator that uses values")
+    policy_loss: str = opt("ppo_clip", "policy loss (registry `openmanus_rl.losses`)")
+    loss_cfg: Dict[str, Any] = opt({"clip_low": 0.2, "clip_high": 0.28, "clip_c": None, "agg_mode": "token-mean"},
+                                   "options of the policy loss (checked by the loss); agg_mode also aggregates "
+                                   "entropy, KL and the value loss")
+    entropy_coeff: float = opt(0.0, "entropy bonus coefficient", ge=0)
+    recompute_old_log_probs: str = opt(
+        "auto", "old log-probs of the ratio: auto (recompute when the update is off-policy within a step), "
+        "true (always), false (never), rollout (the engine's sampling log-probs)",
+        choices=("auto", "true", "false", "rollout"))
+    use_kl_in_reward: bool = opt(False, "subtract kl_ctrl.kl_coef * KL(policy || reference) from the rewards")
+    kl_penalty: str = opt("k1", "KL estimator of the reward penalty", choices=("k1", "k2", "k3", "abs"))
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    use_kl_loss: bool = opt(False, "add kl_loss_coef * KL(policy || reference) to the loss")
+    kl_loss_coef: float = opt(0.001, "KL loss coefficient", ge=0)
+    kl_loss_type: str = opt("k3", "KL estimator of the loss term", choices=("k1", "k2", "k3", "abs"))
+
+
+# ------------------------------------------------------------------------------------------------------ model
+@dataclass
+class TinyModelConfig:
+    """The embedded default's model: a tiny Qwen2 (0.36M parameters) with a locally trained BPE."""
+
+    vocab_size: int = opt(1024, "BPE vocabulary, trained on the env's oracle episodes", ge=16)
+    hidden_size: int = opt(128, "hidden width", ge=1)
+    num_layers: int = opt(2, "decoder layers", ge=1)
+    num_heads: int = opt(4, "attention heads", ge=1)
+    num_kv_heads: int = opt(2, "key/value heads (grouped-query attention)", ge=1)
+    intermediate_size: int = opt(256, "MLP width", ge=1)
+    max_position_embeddings: int = opt(1024, "longest sequence", ge=1)
+    head_dim: Optional[int] = opt(None, "per-head width (null: hidden_size / num_heads)", ge=1)
+    seed: int = opt(0, "seed of the random initialisation")
+    initializer_range: float = opt(0.1, "init std (with HF's 0.02 the copy task takes 3-10x the steps)", gt=0)
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = opt(False, "train LoRA adapters instead of the full model")
+    r: int = opt(8, "adapter rank", ge=1)
+    alpha: float = opt(16.0, "adapter scale numerator", gt=0)
+    dropout: float = opt(0.0, "adapter dropout", ge=0)
+    use_rslora: bool = opt(False, "scale B @ A by alpha / sqrt(r) instead of alpha / r")
+    target_modules: List[str] = opt(["q_proj", "v_proj"], "module names that get adapters")
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = opt(None, "a local Hugging Face model folder (null: build the tiny model)")
+    dtype: str = opt("float32", "parameter dtype", choices=("float32", "fp32", "bfloat16", "bf16", "float16", "fp16"))
+    save_dir: Optional[str] = opt(None, "where the built tiny model is saved (null: <run_dir>/model)")
+    gradient_checkpointing: bool = opt(False, "recompute each layer's activations in backward")
+    corpus_tasks: Optional[int] = opt(None, "tiny model: the tokenizer learns from the oracle episodes of the "
+                                            "first N training tasks (null: all)", ge=1)
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+# ---------------------------------------------------------------------------------------------------- rollout
+@dataclass
+class RolloutConfig:
+    """The agent loop (``rollout.AgentLoop``) and ``openmanus-rl rollout``."""
+
+    engine: str = opt("hf", "rollout engine (registry `openmanus_rl.engines`)")
+    engine_kwargs: Dict[str, Any] = opt({}, "engine constructor arguments (checked by the engine)")
+    n: int = opt("${algorithm.n}", "samples per task (the group size of group-based estimators)", ge=1)
+    max_turns: int = opt("${env.max_turns}", "model replies per episode", ge=1)
+    max_prompt_tokens: int = opt(512, "the first prompt's tokens (a longer one is cut, observation first)", ge=1)
+    max_response_tokens: int = opt(512, "every token after the prompt (replies + observations) of an episode",
+                                   ge=1)
+    max_obs_tokens: int = opt(128, "one observation's tokens (longer ones are cut)", ge=1)
+    max_new_tokens: int = opt(64, "one reply's tokens", ge=1)
+    temperature: float = opt(1.0, "sampling temperature", gt=0)
+    top_p: float = opt(1.0, "nucleus sampling mass", gt=0)
+    top_k: int = opt(0, "top-k sampling (0: off)", ge=0)
+    greedy: bool = opt(False, "argmax decoding")
+    env_timeout_s: float = opt(30.0, "limit of one env.reset / env.step call (past it: env_error)", gt=0)
+    env_workers: int = opt(0, "threads for env calls (0: one per live episode)", ge=0)
+    keep_env_errors: bool = opt(False, "keep env_error episodes in the loss (else their response mask is zeroed)")
+    sleep_after_rollout: bool = opt(True, "put the engine to sleep after each rollout (frees device memory)")
+    num_tasks: int = opt(16, "`openmanus-rl rollout`: how many tasks it plays (generated ids, or the first rows "
+                             "of data.val_files)", ge=1)
+    task_offset: int = opt(0, "`openmanus-rl rollout`: first generated task id", ge=0)
+    tasks_file: Optional[str] = opt(None, "`openmanus-rl rollout`: parquet or jsonl task rows (all of them)")
+    batch_size: int = opt(64, "`openmanus-rl rollout`: episodes per engine batch", ge=1)
+    output_dir: Optional[str] = opt(None, "`openmanus-rl rollout`: output folder (null: outputs/rollout-<time>)")
+    device: str = opt("cpu", "`openmanus-rl rollout`: the engine's device")
+
+
+# --------------------------------------------------------------------------------------------------- training
+@dataclass
+class OptimConfig:
+    """AdamW plus an LR schedule with one scheduler step per training step, and the update's batching."""
+
+    lr: float = opt(5.0e-4, "learning rate (a pretrained LLM wants ~1e-6)", gt=0)
+    betas: List[float] = opt([0.9, 0.999], "AdamW betas")
+    eps: float = opt(1.0e-8, "AdamW eps", gt=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
+    lr_schedule: str = opt("constant", "LR schedule after the warm-up", choices=("constant", "cosine", "linear"))
+    lr_warmup_steps: int = opt(0, "linear LR ramp over the first steps", ge=0)
+    min_lr_ratio: float = opt(0.0, "cosine/linear: the final LR as a fraction of lr", ge=0)
+    grad_clip: float = opt(1.0, "clip_grad_norm_ max norm (0: no clipping; the norm is still reported)", ge=0)
+    ppo_epochs: int = opt(1, "passes over each step's batch", ge=1)
+    ppo_mini_batch_size: Optional[int] = opt(None, "trajectories per optimizer step over all ranks "
+                                                   "(null: the whole batch)", ge=1)
+    micro_batch_size: Optional[int] = opt(None, "rows per forward pass on a rank (gradient accumulation; also "
+                                                "the forward passes outside the update; null: all at once)", ge=1)
+    shuffle: bool = opt(True, "shuffle rows into mini-batches (a fixed function of seed and step)")
+
+
+@dataclass
+class ActorConfig(OptimConfig):
+    """The policy (ActorWorker)."""
+
+    log_prob_micro_batch_size: Optional[int] = opt(None, "rows per forward pass of the old/reference log-probs "
+                                                         "(null: all at once)", ge=1)
+
+
+@dataclass
+class CriticConfig(OptimConfig):
+    """The value model (CriticWorker; only with algorithm.use_critic)."""
+
+    lr: float = opt(2.0e-3, "learning rate", gt=0)
+    value_clip: Optional[float] = opt(0.5, "clipped value loss range (null: unclipped)", gt=0)
+    warmup_steps: int = opt(0, "train only the critic for this many first steps", ge=0)
+
+
+@dataclass
+class WarmupConfig:
+    """Supervised warm-up on the env's oracle demonstrations (needs an OracleEnv), before RL."""
+
+    enabled: bool = opt(True, "run the warm-up")
+    steps: int = opt(120, "optimizer steps (0: off)", ge=0)
+    batch_size: int = opt(16, "demonstrations per step", ge=1)
+    lr: float = opt(2.0e-3, "peak learning rate", gt=0)
+    lr_schedule: str = opt("constant", "after a linear ramp over warmup_ratio * steps", choices=("constant", "cosine"))
+    warmup_ratio: float = opt(0.4, "fraction of the steps spent ramping the LR up", ge=0)
+    grad_clip: float = opt(1.0, "clip_grad_norm_ max norm (0: off)", ge=0)
+    num_demos: Optional[int] = opt(None, "demonstrations from the first N training tasks (null: all)", ge=1)
+    validate: bool = opt(True, "validate right after the warm-up (warmup/val/* metrics at step 0)")
+
+
+@dataclass
+class DataConfig:
+    """Task files: parquet, one row per task (see ``openmanus_rl_core/data.py``)."""
+
+    dir: str = opt("${oc.env:OPENMANUS_RL_DATA,${oc.env:HOME,.}/.cache/openmanus_rl/data}/${env.name}",
+                   "where `openmanus-rl data make` writes train.parquet / val.parquet")
+    train_files: Any = opt(None, "a parquet path or a list of them (null: the trainer generates the split "
+                                 "into <run_dir>/data, env.train_tasks tasks)")
+    val_files: Any = opt(None, "as train_files, for validation (null: generated, env.val_tasks tasks)")
+    train_batch_size: int = opt(16, "tasks per training step (each one rollout.n times)", ge=1)
+    shuffle: bool = opt(True, "reshuffle the training tasks every epoch (a fixed function of data.seed)")
+    seed: int = opt("${seed}", "seed of the generated tasks and of the sampler's shuffle")
+
+
+@dataclass
+class TrainerConfig:
+    """The fit loop, its worker groups, validation, checkpoints, and `openmanus-rl eval`."""
+
+    total_steps: int = opt(60, "RL training steps", ge=1)
+    ray_address: Optional[str] = opt(None, "null: start a local Ray; `auto`: join `ray start --head`")
+    num_cpus: Optional[int] = opt(None, "CPUs of the local Ray (null: this machine's cores)", ge=1)
+    log_to_driver: bool = opt(True, "show the workers' output on the driver console")
+    num_workers: int = opt(2, "workers per group (one FSDP2 process group each)", ge=1)
+    worker_num_cpus: Optional[float] = opt(None, "Ray CPUs per worker (null: the cluster's CPUs shared among all "
+                                                 "workers, at most 1)", gt=0)
+    placement_strategy: str = opt("SPREAD", "Ray placement group strategy of each worker group",
+                                  choices=("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK"))
+    worker_num_gpus: Optional[float] = opt(None, "GPUs per worker (null: 1, or 1/2 with a critic, when the "
+                                                 "cluster has GPUs, else 0)", ge=0)
+    device: str = opt("auto", "worker device", choices=("auto", "cpu", "cuda"))
+    torch_threads: int = opt(1, "torch threads per worker process", ge=1)
+    driver_threads: Optional[int] = opt(None, "torch threads of the driver (null: all cores)", ge=1)
+    mixed_precision: Optional[str] = opt(None, "FSDP2 compute dtype (gradients reduced in fp32)",
+                                         choices=("bf16", "bfloat16", "fp16", "float16"))
+    output_dir: str = opt("outputs", "runs go to <output_dir>/<date>/<time>-<env>")
+    run_dir: Optional[str] = opt(None, "this run's folder (set it to resume with resume=auto)")
+    resume: Optional[str] = opt(None, "null | auto (newest complete checkpoint in run_dir) | <checkpoint path>")
+    val_freq: int = opt(10, "validate every N steps (0: never; also at the end, see val_at_end)", ge=0)
+    val_before_train: bool = opt(True, "validate the untrained model (step 0)")
+    val_at_end: bool = opt(True, "validate after the last step")
+    val_greedy: bool = opt(True, "validation (and eval) decode greedily")
+    val_temperature: float = opt(1.0, "validation temperature when not greedy", gt=0)
+    val_max_tasks: Optional[int] = opt(None, "validate on the first N validation tasks (null: all)", ge=1)
+    val_samples_to_log: int = opt(0, "print this many validation replies", ge=0)
+    save_freq: int = opt(10, "checkpoint every N steps (0: never; also at the end, see save_at_end)", ge=0)
+    save_at_end: bool = opt(True, "checkpoint after the last step")
+    max_checkpoints: Optional[int] = opt(3, "keep the newest N checkpoints (null: all)", ge=1)
+    tensorboard: bool = opt(True, "write TensorBoard events next to metrics.jsonl")
+    progress: bool = opt(True, "show a progress bar")
+    checkpoint: Optional[str] = opt(None, "`openmanus-rl eval`: the checkpoint folder or run directory")
+    eval_output: Optional[str] = opt(None, "`openmanus-rl eval`: also write the result as JSON here")
+    no_signal_warn_steps: int = opt(3, "warn when every advantage was 0 for N steps in a row (0: never)", ge=0)
+    max_worker_restarts: int = opt(2, "worker-group failures recovered from the newest checkpoint per run", ge=0)
+    debug_nan_step: Optional[int] = opt(None, "test-only: poison the actor loss with NaN at this step", ge=1)
+    debug_crash_step: Optional[int] = opt(None, "test-only: the last actor rank exits during this step's update",
+                                          ge=1)
+
+
+@dataclass
+class Config:
+    """The whole composed configuration (``openmanus-rl <command> --cfg job`` prints it)."""
+
+    seed: int = opt(0, "seed of everything (tasks, sampling, initialisation, shuffles)")
+    env: EnvConfig = field(default_factory=EnvConfig)
+    template: NamedComponentConfig = field(default_factory=NamedComponentConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    allocator: NamedComponentConfig = field(default_factory=NamedComponentConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+
+
+# Estimators that standardise or baseline within a group of samples of one task.
+GROUP_ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "gigpo")
+# Estimators that read the critic's values.
+VALUE_ESTIMATORS = ("gae",)
+
+
+def _rule_group_size(c: Config) -> str | None:
+    if c.algorithm.adv_estimator in GROUP_ESTIMATORS and c.rollout.n < 2:
+        return (f"rollout.n={c.rollout.n}: algorithm.adv_estimator={c.algorithm.adv_estimator} compares samples "
+                f"within a group and needs rollout.n >= 2")
+    return None
+
+
+def _rule_critic(c: Config) -> str | None:
+    if c.algorithm.adv_estimator in VALUE_ESTIMATORS and not c.algorithm.use_critic:
+        return (f"algorithm.use_critic={c.algorithm.use_critic}: algorithm.adv_estimator="
+                f"{c.algorithm.adv_estimator} reads values and needs algorithm.use_critic=true")
+    return None
+
+
+def _rule_reply_budget(c: Config) -> str | None:
+    if c.rollout.max_new_tokens > c.rollout.max_response_tokens:
+        return (f"rollout.max_new_tokens={c.rollout.max_new_tokens}: one reply cannot exceed "
+                f"rollout.max_response_tokens={c.rollout.max_response_tokens}")
+    return None
+
+
+# Cross-field rules of a training run: each returns one line naming the key and value, or None.
+RULES = (_rule_group_size, _rule_critic, _rule_reply_budget)
