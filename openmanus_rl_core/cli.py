@@ -5,6 +5,7 @@
     openmanus-rl rollout [--cfg job] [key=value ...]
     openmanus-rl eval    [--cfg job] [key=value ...]
     openmanus-rl data make [--cfg job] [key=value ...]
+    openmanus-rl config-doc                                # docs/configuration.md, from the schema
 
 Listing plugins imports no component and no torch; the other commands import their module only when run.
 """
@@ -72,6 +73,13 @@ def _job(command: str, args: argparse.Namespace) -> int:
     return int(getattr(importlib.import_module(module), func)(typed) or 0)
 
 
+def _config_doc(args: argparse.Namespace) -> int:
+    from openmanus_rl_core.config import render_doc
+
+    print(render_doc(), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="openmanus-rl", description="Train LLM agents with reinforcement learning.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--check", action="store_true", help="also import each component and report failures")
     p.set_defaults(run=_plugins)
+    sub.add_parser("config-doc", help="print every config key with type, default and meaning (Markdown)"
+                   ).set_defaults(run=_config_doc)
     for command in JOBS:
         j = sub.add_parser(command, help=f"{command} (Hydra overrides: key=value)")
         j.set_defaults(run=lambda a, c=command: _job(c, a))

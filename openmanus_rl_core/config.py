@@ -53,7 +53,7 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config", pm=None)
 
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="schema", node=Config)
+    ConfigStore.instance().store(name="schema", node=_schema_node())
     searchpath = plugin_config_dirs(pm)
     extra = [f"hydra.searchpath=[{','.join(searchpath)}]"] if searchpath else []
     GlobalHydra.instance().clear()
@@ -62,6 +62,19 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config", pm=None)
             return hydra_compose(config_name=config_name, overrides=list(overrides) + extra)
     except Exception as exc:
         raise _explain(exc, overrides) from None
+
+
+def _schema_node(node: DictConfig | None = None, schema: type = Config) -> DictConfig:
+    """The schema as a typed node whose open mappings (``Dict[str, Any]``: plugin kwargs, reward components)
+    accept new keys from the command line (``env.kwargs.size=3``) while every other node stays closed."""
+    node = OmegaConf.structured(Config) if node is None else node
+    for f in dataclasses.fields(schema):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+        if dataclasses.is_dataclass(default):
+            _schema_node(node[f.name], type(default))
+        elif "Dict" in str(f.type):
+            OmegaConf.set_struct(node._get_node(f.name), False)
+    return node
 
 
 def load(overrides: Sequence[str] = (), pm=None, training: bool = True) -> Config:
@@ -96,7 +109,7 @@ def _check_components(c: Config) -> None:
 
     names = [("env", c.env.name), ("template", c.template.name), ("allocator", c.allocator.name),
              ("advantage", c.algorithm.adv_estimator), ("loss", c.algorithm.policy_loss), ("engine", c.rollout.engine)]
-    names += [("reward", spec.name) for spec in c.reward.components.values()]
+    names += [("reward", (spec or {}).get("name") or label) for label, spec in c.reward.components.items()]
     for kind, name in names:
         registry(kind).resolve(name)
 
@@ -113,13 +126,15 @@ def _check_known_keys(node: Any, schema: type, prefix: str) -> None:
             _check_known_keys(child, type(sub), f"{prefix}{key}.")
 
 
-def _unknown(key: str, given: str | None, known: Sequence[str]) -> str:
+def _unknown(key: str, given: str | None, known: Sequence[str], rest: str = "", value: str | None = None) -> str:
+    """``key`` is not in the schema (``rest``: the part of the override below it, e.g. ``.lr`` of ``actr.lr``)."""
     parent, _, leaf = key.rpartition(".")
     full = [f"{parent}.{k}" if parent else k for k in known]
     close = difflib.get_close_matches(leaf, list(known), n=3, cutoff=0.6)
-    hint = (f"did you mean {' or '.join(f'{parent}.{c}' if parent else c for c in close)}?" if close
+    hint = (f"did you mean {' or '.join((f'{parent}.{c}' if parent else c) + rest for c in close)}?" if close
             else f"known keys: {', '.join(full)}")
-    return f"{key}{'' if given is None else '=' + given}: unknown key; {hint}"
+    value = given if value is None else value
+    return f"{key}{rest}{'' if value is None else '=' + value}: unknown key; {hint}"
 
 
 def _check_fields(node: Any, prefix: str) -> None:
@@ -128,15 +143,16 @@ def _check_fields(node: Any, prefix: str) -> None:
         if dataclasses.is_dataclass(value):
             _check_fields(value, key + ".")
             continue
-        if isinstance(value, dict) and value and all(dataclasses.is_dataclass(v) for v in value.values()):
-            for label, sub in value.items():
-                _check_fields(sub, f"{key}.{label}.")
-            continue
         if value is None:
             continue
         meta = f.metadata
-        if meta.get("choices") is not None and value not in meta["choices"]:
-            raise ConfigError(f"{key}={value}: allowed values are {', '.join(map(str, meta['choices']))}")
+        if meta.get("choices") is not None:
+            # A YAML/CLI `true` reaches a string field as "True": choices match regardless of case.
+            match = [c for c in meta["choices"] if str(c).lower() == str(value).lower()]
+            if not match:
+                raise ConfigError(f"{key}={value}: allowed values are {', '.join(map(str, meta['choices']))}")
+            setattr(node, f.name, match[0])
+            continue
         if meta.get("ge") is not None and not value >= meta["ge"]:
             raise ConfigError(f"{key}={value}: must be >= {meta['ge']:g}")
         if meta.get("gt") is not None and not value > meta["gt"]:
@@ -181,6 +197,26 @@ def _override_value(overrides: Sequence[str], key: str) -> str | None:
     return None
 
 
+def _override_under(overrides: Sequence[str], key: str) -> tuple[str, str] | None:
+    """``(key, value)`` of the override that names ``key`` or a key below it."""
+    for o in overrides:
+        name, sep, value = o.lstrip("+~").partition("=")
+        if sep and (name == key or name.startswith(key + ".")):
+            return name, value
+    return None
+
+
+def _fields_at(parent: str) -> list[str]:
+    node: Any = Config
+    for part in filter(None, parent.split(".")):
+        found = {f.name: f for f in dataclasses.fields(node)}.get(part)
+        sub = found.default_factory() if found and found.default_factory is not dataclasses.MISSING else None
+        if not dataclasses.is_dataclass(sub):
+            return []
+        node = type(sub)
+    return [f.name for f in dataclasses.fields(node)]
+
+
 def _explain(exc: Exception, overrides: Sequence[str]) -> Exception:
     """Hydra's / OmegaConf's composition error as one :class:`ConfigError` line (a "did you mean" for a
     misspelled key or option); other errors unchanged."""
@@ -205,9 +241,9 @@ def _explain(exc: Exception, overrides: Sequence[str]) -> Exception:
     key = str(getattr(cause, "full_key", "") or "")
     given = _override_value(overrides, key)
     if isinstance(cause, ConfigKeyError) or "not in struct" in str(cause) or "Key '" in str(cause):
-        parent = key.rpartition(".")[0]
-        known = [k.rpartition(".")[2] for k in schema_keys() if k.rpartition(".")[0] == parent]
-        return ConfigError(_unknown(key, given, known))
+        named = _override_under(overrides, key)
+        return ConfigError(_unknown(key, None, _fields_at(key.rpartition(".")[0]),
+                                    named[0][len(key):] if named else "", named[1] if named else None))
     if isinstance(cause, ValidationError):
         what = str(cause).strip().splitlines()[0]
         value = given if given is not None else what.partition("'")[2].partition("'")[0]
@@ -217,3 +253,73 @@ def _explain(exc: Exception, overrides: Sequence[str]) -> Exception:
 
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=False)
+
+
+DOC_HEADER = """# Configuration
+
+Every key of `openmanus-rl train | rollout | eval | data make`, with its type, default and meaning. Generated
+from the schema (`openmanus_rl_core/schema.py`) by `openmanus-rl config-doc > docs/configuration.md`; a test fails
+when this file is stale.
+
+The schema is the only place a default lives. `configs/config.yaml` chooses the options (`env`, `template`,
+`reward`, `allocator`, `algorithm`); an option file (`algorithm/ppo.yaml`, a plugin's `env/<name>.yaml`) sets only
+what differs from these defaults. Any key is overridden on the command line (`trainer.total_steps=10`); a value of
+the wrong type, out of range, or a key that does not exist stops the command before anything starts, with one
+line naming the key, the value and what is allowed (exit status 2). Open mappings (type `mapping`) belong to a
+plugin, which checks them when it is built. `${...}` defaults follow another key.
+
+Task counts: `env.train_tasks` / `env.val_tasks` size a generated split (the env's option file sets them; the
+defaults below apply to an env that does not); `rollout.num_tasks` is only how many tasks `openmanus-rl rollout`
+plays; `trainer.val_max_tasks` limits validation.
+"""
+
+
+def _type_name(f: dataclasses.Field) -> str:
+    kind = str(f.type)
+    words = next((w for t, w in (("List", "list"), ("Dict", "mapping"), ("bool", "bool"), ("int", "int"),
+                                 ("float", "float"), ("str", "str"), ("Any", "path or list")) if t in kind), kind)
+    return f"{words} or null" if "Optional" in kind else words
+
+
+def _allowed(f: dataclasses.Field) -> str:
+    meta = f.metadata
+    parts = []
+    if meta.get("choices"):
+        parts.append(" \\| ".join(str(c) for c in meta["choices"]))
+    if meta.get("ge") is not None:
+        parts.append(f">= {meta['ge']:g}")
+    if meta.get("gt") is not None:
+        parts.append(f"> {meta['gt']:g}")
+    return ", ".join(parts)
+
+
+def _doc_rows(node: type, prefix: str) -> tuple[list[str], list[tuple[str, type]]]:
+    rows, subs = [], []
+    for f in dataclasses.fields(node):
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if dataclasses.is_dataclass(default):
+            subs.append((f"{prefix}{f.name}", type(default)))
+            continue
+        shown = "required" if default == "???" else ("null" if default is None else
+                                                     str(default).lower() if isinstance(default, bool) else
+                                                     f"{default}")
+        rows.append(f"| `{prefix}{f.name}` | {_type_name(f)} | `{shown}` | {_allowed(f)} | "
+                    f"{f.metadata.get('help', '')} |")
+    return rows, subs
+
+
+def render_doc() -> str:
+    """``docs/configuration.md``: one table per schema section."""
+    out = [DOC_HEADER]
+    top, sections = _doc_rows(Config, "")
+    head = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    out += ["## Top level", "", *head, *top, ""]
+    queue = list(sections)
+    while queue:
+        key, node = queue.pop(0)
+        rows, subs = _doc_rows(node, key + ".")
+        doc = (node.__doc__ or "").strip().splitlines()[0] if node.__doc__ else ""
+        out += [f"## `{key}`", "", *([doc, ""] if doc and not doc.startswith(node.__name__ + "(") else []),
+                *head, *rows, ""]
+        queue = subs + queue
+    return "\n".join(out).rstrip() + "\n"

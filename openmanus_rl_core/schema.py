@@ -55,17 +55,11 @@ class NamedComponentConfig:
 
 
 @dataclass
-class RewardComponentConfig:
-    name: str = opt(MISSING, "reward plugin name (registry `openmanus_rl.rewards`)")
-    weight: float = opt(1.0, "weight of this component in the total reward")
-    kwargs: Dict[str, Any] = opt({}, "constructor arguments (checked by the plugin)")
-
-
-@dataclass
 class RewardConfig:
     """The reward (group ``reward``): weighted components, summed."""
 
-    components: Dict[str, RewardComponentConfig] = opt({}, "label -> {name, weight, kwargs}")
+    components: Dict[str, Any] = opt({}, "label -> {name: reward plugin, weight: 1.0, kwargs: {...}} (checked by "
+                                         "the reward composer; name defaults to the label)")
 
 
 # -------------------------------------------------------------------------------------------------- algorithm

@@ -70,7 +70,8 @@ def test_grpo_run_on_the_dataset_env_scored_by_a_function_plugin(fn_reward_dist,
     cmd = [
         "openmanus-rl", "train", "env=dataset",
         # replace the default reward with the plugin's function alone
-        "~reward.components", f"+reward.components={{{LABEL}:{{name:tp_answer,weight:1.0}}}}",
+        "~reward.components.goal", "~reward.components.format", "~reward.components.invalid_action",
+        f"+reward.components.{LABEL}={{name:tp_answer,weight:1.0}}",
         "env.kwargs.arithmetic_size=40", "env.train_tasks=32", "env.val_tasks=8",
         "trainer.total_steps=2", "data.train_batch_size=2", "algorithm.n=2",
         "warmup.steps=1", "warmup.num_demos=8", "trainer.val_max_tasks=4", "trainer.val_before_train=false",

@@ -266,44 +266,43 @@ def test_each_algorithm_config_feeds_its_estimator_from_a_real_rollout_batch(alg
     exactly the agent tokens (the same path train_step takes, without Ray)."""
     import torch
 
+    import dataclasses
+
+    from openmanus_rl_core.config import load
     from openmanus_rl_core.engines.hf import HFEngine
     from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.registry import build, registry
     from openmanus_rl_core.rewards import RewardComposer
-    from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, build_batch, expand_tasks
-    from openmanus_rl_core.trainer import _plain
+    from openmanus_rl_core.rollout import AgentLoop, build_batch, expand_tasks
 
-    cfg = _plain(compose(["env=key_door", f"algorithm={algorithm}", *SMALL]))
-    algo = cfg["algorithm"]
-    env_cls = registry("env").get("key_door")
-    template = registry("template").build("react")
-    model, tok = load_model_and_tokenizer(cfg["model"], ["open box", "say apple", "The note says: apple."])
-    loop = AgentLoop(HFEngine(model, tok, seed=0), tok, template, env_cls,
-                     RolloutConfig.from_cfg(cfg["rollout"], max_new_tokens=6))
-    n = cfg["rollout"]["n"]
-    assert n == algo["n"]  # rollout.n follows the algorithm's group size
+    cfg = load(["env=key_door", f"algorithm={algorithm}", *SMALL])
+    algo = cfg.algorithm
+    model, tok = load_model_and_tokenizer(cfg.model, ["open box", "say apple", "The note says: apple."])
+    loop = AgentLoop(HFEngine(model, tok, seed=0), tok, build("template", cfg.template), lambda: build("env", cfg.env),
+                     dataclasses.replace(cfg.rollout, max_new_tokens=6))
+    n = cfg.rollout.n
+    assert n == algo.n  # rollout.n follows the algorithm's group size
     tasks = expand_tasks([{"task_id": i, "seed": i, "group_id": f"g{i}"} for i in range(3)], max(n, 2))
     episodes = loop.run(tasks)
-    composer = RewardComposer.from_config(cfg["reward"]["components"])
+    composer = RewardComposer.from_config(cfg.reward.components)
     breakdowns, _ = composer.compose_batch([e.trajectory for e in episodes])
-    allocator = registry("allocator").build(cfg["allocator"]["name"])
-    batch = build_batch(episodes, breakdowns, allocator, tok.pad_token_id)
+    batch = build_batch(episodes, breakdowns, build("allocator", cfg.allocator), tok.pad_token_id)
     batch["token_level_rewards"] = batch["token_level_scores"]
-    if algo["use_critic"]:
+    if algo.use_critic:
         batch["values"] = torch.zeros_like(batch["token_level_scores"])
-    adv_cfg = {k: v for k, v in algo.items() if not isinstance(v, dict)}
-    adv, returns = registry("advantage").get(algo["adv_estimator"])(batch, **adv_cfg)
+    adv_cfg = {k: v for k, v in dataclasses.asdict(algo).items() if not isinstance(v, dict)}
+    adv, returns = registry("advantage").get(algo.adv_estimator)(batch, **adv_cfg)
     assert adv.shape == batch["responses"].shape and torch.isfinite(adv).all()
     assert bool((adv[batch["response_mask"] == 0] == 0).all())
 
 
 def test_an_unknown_old_log_probs_mode_is_an_error_naming_the_value(tmp_path):
+    from openmanus_rl_core.config import ConfigError
     from openmanus_rl_core.trainer import Trainer
 
     cfg = compose(["env=word_copy", *SMALL, "algorithm.recompute_old_log_probs=maybe",
                    f"trainer.run_dir={tmp_path / 'run'}"])
-    trainer = Trainer(cfg)
-    with pytest.raises(ValueError, match=r"recompute_old_log_probs must be one of \['auto', 'false', 'rollout', "
-                                         r"'true'\], got 'maybe'"):
-        trainer.setup()
-    assert trainer.actor is None  # failed before any worker started
+    with pytest.raises(ConfigError, match=r"^algorithm.recompute_old_log_probs=maybe: allowed values are auto, true, "
+                                          r"false, rollout$"):
+        Trainer(cfg)
+    assert not (tmp_path / "run").exists()  # failed before the run directory was made
