@@ -6,7 +6,7 @@
 What is measured (one invocation, one machine, the implementations one after the other, each in its own fresh
 Python process so that none inherits another's threads, process group or allocator state):
 
-- model: the embedded default -- the tiny Qwen2 built from ``configs/model/tiny.yaml`` with the tokenizer trained
+- model: the embedded default -- the tiny Qwen2 the schema's ``model.tiny`` describes, with the tokenizer trained
   on the env's oracle episodes, exactly as ``openmanus-rl train`` builds it -- saved once to a folder that every
   implementation loads (same weights, same tokenizer);
 - data: the env's generated training tasks (default ``env=word_copy``, single turn). Each task's prompt is what our
@@ -70,31 +70,29 @@ def build_inputs(args: argparse.Namespace, work: Path) -> dict:
     """Build the model folder and the task prompts every implementation uses; returns the spec the children read."""
     from transformers import AutoTokenizer
 
-    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.config import load
     from openmanus_rl_core.data import ensure_task_files, load_tasks
     from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.registry import build
     from openmanus_rl_core.warmup import build_corpus
 
     overrides = _overrides(args)
-    cfg = compose(overrides)
+    cfg = load(overrides)
     train_file, _ = ensure_task_files(cfg, work / "data")
     tasks = load_tasks(train_file)
-    template = registry("template").build(cfg.template.name, **dict(cfg.template.get("kwargs") or {}))
-    env_cls = registry("env").get(cfg.env.name)
-    env_kwargs = dict(cfg.env.get("kwargs") or {})
+    template = build("template", cfg.template)
 
     model_dir = work / "model"
-    if cfg.model.get("path"):
-        model_dir = Path(str(cfg.model.path))
+    if cfg.model.path:
+        model_dir = Path(cfg.model.path)
     else:
-        corpus = build_corpus(lambda: env_cls(**env_kwargs), template, tasks, 1)
+        corpus = build_corpus(lambda: build("env", cfg.env), template, tasks, 1)
         load_model_and_tokenizer(cfg.model, corpus, save_dir=model_dir)
     tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, padding_side="left")
 
     prompts = []
     for t in tasks:
-        env = env_cls(**env_kwargs)
+        env = build("env", cfg.env)
         try:
             obs = env.reset(task_id=t["task_id"], seed=t["seed"])
             system = template.system_prompt(str(getattr(env, "instruction", "") or ""))
@@ -109,16 +107,14 @@ def build_inputs(args: argparse.Namespace, work: Path) -> dict:
 
 def env_reward(spec_overrides: list[str]):
     """``reward(text, task_id, seed) -> float``: the env's reward for the action the template parses from ``text``."""
-    from openmanus_rl_core.config import compose
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.config import load
+    from openmanus_rl_core.registry import build
 
-    cfg = compose(spec_overrides)
-    template = registry("template").build(cfg.template.name, **dict(cfg.template.get("kwargs") or {}))
-    env_cls = registry("env").get(cfg.env.name)
-    env_kwargs = dict(cfg.env.get("kwargs") or {})
+    cfg = load(spec_overrides)
+    template = build("template", cfg.template)
 
     def reward(text: str, task_id: int, seed: int) -> float:
-        env = env_cls(**env_kwargs)
+        env = build("env", cfg.env)
         try:
             env.reset(task_id=task_id, seed=seed)
             return float(env.step(template.parse(text).content).reward)
@@ -132,17 +128,16 @@ def env_reward(spec_overrides: list[str]):
 def run_trl(spec: dict) -> dict:
     import torch
     from datasets import Dataset
-    from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.config import load
 
     a = spec["args"]
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
-    cfg = compose(spec["overrides"])
-    loss_cfg = OmegaConf.to_container(cfg.algorithm.loss_cfg, resolve=True)
+    cfg = load(spec["overrides"])
+    loss_cfg = cfg.algorithm.loss_cfg
     tok = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], local_files_only=True, dtype=torch.float32)
     score = env_reward(spec["overrides"])
@@ -182,8 +177,8 @@ def run_trl(spec: dict) -> dict:
             top_k=0,
             beta=0.0,
             num_iterations=1,
-            epsilon=float(loss_cfg.get("clip_low", 0.2)),
-            epsilon_high=float(loss_cfg.get("clip_high", 0.2)),
+            epsilon=float(loss_cfg["clip_low"]),
+            epsilon_high=float(loss_cfg["clip_high"]),
             loss_type="dapo",
             scale_rewards="group",
             learning_rate=float(cfg.actor.lr),
@@ -240,19 +235,16 @@ class InProcessGRPO:
 
     def __init__(self, spec: dict):
         import torch
-        from omegaconf import OmegaConf
 
-        from openmanus_rl_core.config import compose
+        from openmanus_rl_core.config import load
         from openmanus_rl_core.workers import ActorWorker
 
         a = spec["args"]
         self.a = a
         if spec.get("threads"):
             torch.set_num_threads(int(spec["threads"]))
-        full = compose(spec["overrides"])
-        cfg = OmegaConf.to_container(full, resolve=True)
-        cfg["trainer"].update({"torch_threads": torch.get_num_threads(), "device": a["device"]})
-        self.algo = cfg["algorithm"]
+        cfg = load(spec["overrides"] + [f"trainer.torch_threads={torch.get_num_threads()}",
+                                        f"trainer.device={a['device']}"])
         self.worker = ActorWorker(cfg, rank=0, world_size=1, model_dir=spec["model_dir"],
                                   total_steps=a["warmup"] + a["steps"])
         self.worker.setup(*self.worker.free_address())
@@ -295,7 +287,7 @@ class InProcessGRPO:
             "input_ids": input_ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp_min(0),
             "responses": responses, "response_mask": mask, "advantages": adv.unsqueeze(-1) * mask,
         })
-        self.worker.update(batch, step, self.algo)
+        self.worker.update(batch, step)
         self.worker.sync_rollout_weights()
         return float(mask.sum(-1).mean())
 

@@ -9,7 +9,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from omegaconf import OmegaConf
 
 from openmanus_rl_core import data
 from openmanus_rl_core.data import DataError, load_tasks
@@ -188,11 +187,10 @@ def test_file_rows_are_cached_until_the_file_changes(tmp_path):
 
 # ------------------------------------------------------------------------------------ task files and rewards
 def _cfg(tmp_path, **env_kwargs):
-    return OmegaConf.create({
-        "seed": 0,
-        "env": {"name": "dataset", "kwargs": env_kwargs, "train_tasks": 8, "val_tasks": 4},
-        "data": {"dir": str(tmp_path / "made"), "seed": 0},
-    })
+    from openmanus_rl_core.schema import Config, DataConfig, EnvConfig
+
+    return Config(env=EnvConfig(name="dataset", kwargs=env_kwargs, max_turns=1, train_tasks=8, val_tasks=4),
+                  data=DataConfig(dir=str(tmp_path / "made"), seed=0))
 
 
 def test_data_make_writes_the_ground_truth_into_the_task_files(tmp_path, capsys):
