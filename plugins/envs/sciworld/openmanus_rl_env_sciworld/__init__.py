@@ -1,0 +1,3 @@
+from openmanus_rl_env_sciworld.env import SciWorldEnv
+
+__all__ = ["SciWorldEnv"]

@@ -1,0 +1,3 @@
+from openmanus_rl_env_textcraft.env import TextCraftEnv
+
+__all__ = ["TextCraftEnv"]
