@@ -33,6 +33,7 @@ __all__ = [
     "hostile_texts",
     "check_env",
     "check_oracle",
+    "oracle_rollout",
     "check_template",
     "check_reward",
     "check_allocator",
@@ -156,6 +157,48 @@ def check_oracle(
                 _fail(f"oracle on task {task_id}", f"did not succeed within {max_steps} steps: last {result!r}")
     finally:
         env.close()
+
+
+class _OracleEngine:
+    """A rollout engine whose reply is the template's rendering of the live env's ``oracle_action()`` (one episode
+    at a time, so the live env is the one ``oracle_rollout`` built last)."""
+
+    def __init__(self, tokenizer: Any, template: ActionTemplate, envs: list):
+        self.tokenizer, self.template, self.envs = tokenizer, template, envs
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: Any) -> list:
+        from openmanus_rl_core.protocols import Generation
+
+        out = []
+        for _ in prompts:
+            text = self.template.render(self.envs[-1].oracle_action())
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            out.append(Generation(list(ids), [0.0] * len(ids), text, "stop"))
+        return out
+
+    def update_weights(self, state_dict: dict) -> None:
+        pass
+
+
+def oracle_rollout(make_env: Callable[[], OracleEnv], tasks: Sequence[dict], template: ActionTemplate,
+                   tokenizer: Any, **rollout: Any) -> list[Trajectory]:
+    """Play each task (``{"task_id", "seed"}``) through the rollout loop (``rollout.AgentLoop``: chat token
+    layout, template parsing, token limits, terminations), with the env's oracle writing the replies.
+
+    ``rollout`` sets ``RolloutConfig`` fields (``max_turns``, ``max_response_tokens``, ...). Returns one
+    trajectory per task; an env whose oracle is right gets ``success`` on every one.
+    """
+    from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, expand_tasks
+
+    envs: list = []
+
+    def factory() -> OracleEnv:
+        envs.append(make_env())
+        return envs[-1]
+
+    loop = AgentLoop(_OracleEngine(tokenizer, template, envs), tokenizer, template, factory,
+                     RolloutConfig(**{"max_new_tokens": 256, **rollout}))
+    return [loop.run(expand_tasks([dict(task)], 1))[0].trajectory for task in tasks]
 
 
 # ------------------------------------------------------------------------------------------ template
