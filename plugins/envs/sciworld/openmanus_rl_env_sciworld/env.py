@@ -118,7 +118,8 @@ class SciWorldEnv:
             observation = str(self._server.step(text))
         except Py4JJavaError:  # the simulator threw on this input; the world is unchanged
             return StepResult(UNKNOWN, 0.0, False, {"invalid": True, "score": self.score})
-        self.taken += 1
+        if text == self.oracle_action():
+            self.taken += 1  # the gold sequence advances only when its own next action was taken
         score = int(round(100 * self._server.getScore()))
         reward = (score - self.score) / 100.0
         self.score = score
@@ -132,7 +133,7 @@ class SciWorldEnv:
         return StepResult(observation, reward, self.done, info)
 
     def oracle_action(self) -> str:
-        """The next action of the gold sequence (the sequence's first entry is the reset's ``look around``)."""
+        """The next action of the gold sequence not taken yet (its first entry is the reset's ``look around``)."""
         rest = self.gold[1:] if self.gold and self.gold[0] == "look around" else self.gold
         return rest[self.taken] if self.taken < len(rest) else "look around"
 
