@@ -142,3 +142,14 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all(0.0 <= r["train/success_rate"] <= 1.0 for r in records[1:])
     assert records[-1]["val/success_rate"] is not None
+
+
+def test_data_make_writes_unseen_seeds_for_validation(tmp_path):
+    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.data import load_tasks, make
+
+    assert make(compose(["env=babyai", f"data.dir={tmp_path}"])) == 0
+    train, val = load_tasks(tmp_path / "train.parquet"), load_tasks(tmp_path / "val.parquet")
+    assert (len(train), len(val)) == (800, 80)
+    assert max(t["extra"]["level_seed"] for t in train) < min(t["extra"]["level_seed"] for t in val)
+    assert {t["extra"]["level"] for t in val} == set(AGENTGYM_LEVELS)

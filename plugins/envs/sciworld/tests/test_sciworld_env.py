@@ -174,3 +174,15 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all(0.0 <= r["train/success_rate"] <= 1.0 for r in records[1:])
+
+
+def test_data_make_writes_scienceworld_splits(tmp_path):
+    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.data import load_tasks, make
+
+    assert make(compose(["env=sciworld", f"data.dir={tmp_path}"])) == 0
+    train, val = load_tasks(tmp_path / "train.parquet"), load_tasks(tmp_path / "val.parquet")
+    assert (len(train), len(val)) == (3592, 64)
+    assert {t["extra"]["split"] for t in train} == {"train"} and {t["extra"]["split"] for t in val} == {"dev"}
+    assert len({t["extra"]["task"] for t in val}) == 30  # the first 64 dev variations cover every task
+    assert POOL.pids() == []  # writing task files starts no JVM

@@ -150,3 +150,14 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all(0.0 <= r["train/success_rate"] <= 1.0 for r in records[1:])
     assert records[-1]["val/success_rate"] is not None
+
+
+def test_data_make_writes_our_splits(tmp_path):
+    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.data import load_tasks, make
+
+    assert make(compose(["env=textcraft", f"data.dir={tmp_path}"])) == 0
+    train, val = load_tasks(tmp_path / "train.parquet"), load_tasks(tmp_path / "val.parquet")
+    assert (len(train), len(val)) == (436, 108)
+    assert {t["extra"]["split"] for t in train} == {"train"} and {t["extra"]["split"] for t in val} == {"val"}
+    assert val[0]["task_id"] == 436 and val[0]["extra"]["goal"] == "birch wood"
