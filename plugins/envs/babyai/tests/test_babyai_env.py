@@ -117,10 +117,11 @@ def test_random_and_invalid_action_streams_never_raise():
 
 
 def test_learning_preset_composes():
-    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.config import load
 
-    cfg = compose(["+experiment=babyai_goto"])
-    assert cfg.env.name == "babyai" and list(cfg.env.kwargs.levels) == ["BabyAI-GoToLocal-v0"]
+    cfg = load(["+experiment=babyai_goto"])  # checked against the schema like any training config
+    assert cfg.env.name == "babyai" and list(cfg.env.kwargs["levels"]) == ["BabyAI-GoToLocal-v0"]
+    assert (cfg.trainer.total_steps, cfg.rollout.max_turns, cfg.warmup.num_demos) == (40, 3, 256)
     env = BabyAIEnv(**cfg.env.kwargs)
     assert env.reset(cfg.env.train_tasks, 0).startswith("Your goal: go to ")
 
@@ -145,10 +146,10 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
 
 
 def test_data_make_writes_unseen_seeds_for_validation(tmp_path):
-    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.config import load
     from openmanus_rl_core.data import load_tasks, make
 
-    assert make(compose(["env=babyai", f"data.dir={tmp_path}"])) == 0
+    assert make(load(["env=babyai", f"data.dir={tmp_path}"], training=False)) == 0
     train, val = load_tasks(tmp_path / "train.parquet"), load_tasks(tmp_path / "val.parquet")
     assert (len(train), len(val)) == (800, 80)
     assert max(t["extra"]["level_seed"] for t in train) < min(t["extra"]["level_seed"] for t in val)

@@ -177,10 +177,10 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
 
 
 def test_data_make_writes_scienceworld_splits(tmp_path):
-    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.config import load
     from openmanus_rl_core.data import load_tasks, make
 
-    assert make(compose(["env=sciworld", f"data.dir={tmp_path}"])) == 0
+    assert make(load(["env=sciworld", f"data.dir={tmp_path}"], training=False)) == 0
     train, val = load_tasks(tmp_path / "train.parquet"), load_tasks(tmp_path / "val.parquet")
     assert (len(train), len(val)) == (3592, 64)
     assert {t["extra"]["split"] for t in train} == {"train"} and {t["extra"]["split"] for t in val} == {"dev"}
