@@ -357,6 +357,9 @@ class VLLMEngine:
             kwargs["max_num_batched_tokens"] = max(int(kwargs.get("max_num_batched_tokens") or defaults[0]),
                                                    int(max_model_len))
         max_num_seqs = int(kwargs.get("max_num_seqs") or (defaults[1] if defaults else 0)) or None
+        if kv_cache_gib is None and kwargs.get("kv_cache_memory_bytes"):  # vLLM's own name for kv_cache_gib
+            kv_cache_gib = int(kwargs["kv_cache_memory_bytes"]) / GiB
+        kwargs.pop("kv_cache_memory_bytes", None)
         self.memory = self._memory_budget(current_platform, float(gpu_memory_utilization), kv_cache_gib,
                                           hf_config, dtype, max_model_len, max_num_seqs)
         kwargs.update(self.memory["vllm_kwargs"])
