@@ -128,6 +128,17 @@ def _preserved_global_rng():
             torch.cuda.set_rng_state_all(cuda)
 
 
+@contextlib.contextmanager
+def _env_hidden(name: str):
+    """``os.environ`` without ``name`` inside the block, as it was after."""
+    saved = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
+
+
 def _engine_arg_exists(name: str) -> bool:
     import dataclasses
 
@@ -371,7 +382,9 @@ class VLLMEngine:
             self.logprobs_mode = "raw_logprobs"
         # vLLM seeds the global random, numpy and torch RNGs with `seed` when its engine core runs in this process;
         # the caller's RNG streams (the trainer seeds its workers) are put back as they were.
-        with _preserved_global_rng():
+        # The budget above already read VLLM_CPU_KVCACHE_SPACE; inside vLLM it would override kv_cache_memory_bytes.
+        hidden = _env_hidden("VLLM_CPU_KVCACHE_SPACE") if "kv_cache_memory_bytes" in kwargs else contextlib.nullcontext()
+        with _preserved_global_rng(), hidden:
             self.llm = vllm.LLM(**kwargs)
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
 
