@@ -41,21 +41,26 @@ def run(engine: str, seed: int, steps: int) -> dict:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     run_dir = Path(next(line.split(": ", 1)[1] for line in proc.stdout.splitlines()
                         if line.startswith("run directory: ")))
+    memory = [line.split("): ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines()
+              if "VLLMEngine memory" in line]
+    return {"engine": engine, "seed": seed, "cmd": "openmanus-rl " + " ".join(cmd[1:]), "wall": wall,
+            "load": (load_before, os.getloadavg()[0]), "memory": memory[:1], **summarize(run_dir)}
+
+
+def summarize(run_dir: Path) -> dict:
+    """Validation and step times of one run, from its ``metrics.jsonl``."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     first = next(r for r in rows if r["step"] == 0)
     last = max((r for r in rows if "val/success_rate" in r), key=lambda r: r["step"])
     timed = [r for r in rows if r["step"] >= 2 and "timing/step" in r]
     step_s = [r["timing/step"] for r in timed]
     rollout_s = [r["timing/rollout"] for r in timed]
-    memory = [line.split("): ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines()
-              if "VLLMEngine memory" in line]
     return {
-        "engine": engine, "seed": seed, "cmd": "openmanus-rl " + " ".join(cmd[1:]), "run_dir": str(run_dir),
+        "run_dir": str(run_dir),
         "val0": first["val/success_rate"], "val_warm": first.get("warmup/val/success_rate"),
         "val_last": last["val/success_rate"], "reward_last": last["val/reward_mean"], "last_step": last["step"],
         "step_mean": statistics.mean(step_s), "step_min": min(step_s), "step_max": max(step_s),
-        "rollout_mean": statistics.mean(rollout_s), "wall": wall,
-        "load": (load_before, os.getloadavg()[0]), "memory": memory[:1],
+        "rollout_mean": statistics.mean(rollout_s),
     }
 
 
@@ -65,21 +70,17 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--engines", default="hf,vllm")
     args = ap.parse_args()
-    results = []
+    print(f"| engine | seed | val success step 0 | after warm-up | step {args.steps} | val reward step "
+          f"{args.steps} | s/step (mean) | min | max | rollout s (mean) | run wall s | load avg before -> after |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|", flush=True)
     for seed in [int(s) for s in args.seeds.split(",")]:
         for engine in args.engines.split(","):
             r = run(engine, seed, args.steps)
-            print(f"{engine} seed {seed}: {r['wall']:.0f}s, load average {r['load'][0]:.1f} -> {r['load'][1]:.1f}"
-                  f"{'; ' + r['memory'][0] if r['memory'] else ''}", flush=True)
-            results.append(r)
-    print(f"\n| engine | seed | val success step 0 | after warm-up | step {args.steps} | val reward step "
-          f"{args.steps} | s/step (mean) | min | max | rollout s (mean) | run wall s | load avg before -> after |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for r in results:
-        warm = f"{r['val_warm']:.3f}" if r["val_warm"] is not None else "-"
-        print(f"| {r['engine']} | {r['seed']} | {r['val0']:.3f} | {warm} | {r['val_last']:.3f} | "
-              f"{r['reward_last']:.3f} | {r['step_mean']:.2f} | {r['step_min']:.2f} | {r['step_max']:.2f} | "
-              f"{r['rollout_mean']:.2f} | {r['wall']:.0f} | {r['load'][0]:.1f} -> {r['load'][1]:.1f} |")
+            warm = f"{r['val_warm']:.3f}" if r["val_warm"] is not None else "-"
+            print(f"| {r['engine']} | {r['seed']} | {r['val0']:.3f} | {warm} | {r['val_last']:.3f} | "
+                  f"{r['reward_last']:.3f} | {r['step_mean']:.2f} | {r['step_min']:.2f} | {r['step_max']:.2f} | "
+                  f"{r['rollout_mean']:.2f} | {r['wall']:.0f} | {r['load'][0]:.1f} -> {r['load'][1]:.1f} |"
+                  f"{'  <!-- ' + r['memory'][0] + ' -->' if r['memory'] else ''}", flush=True)
 
 
 if __name__ == "__main__":
