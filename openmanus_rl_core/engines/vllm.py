@@ -35,9 +35,9 @@ serialisation. The prefix cache is reset afterwards (its KV blocks were computed
 back as it was (harmless; the log-prob test after an update checks it).
 
 Memory (GPU): ``gpu_memory_utilization`` is the fraction of this worker's share of the GPU that vLLM takes for
-weights + KV cache (see "Memory" below; the rest is the colocated actor's: FSDP shards, gradients, optimizer, activations). With ``enable_sleep_mode`` (CUDA /
-ROCm / XPU only; ignored elsewhere) :meth:`sleep` frees the KV cache and offloads (level 1) or discards (level 2)
-the weights while the actor trains; :meth:`update_weights` wakes the weights only, and the next :meth:`generate`
+weights + KV cache (see "Memory" below; the rest is the colocated actor's: FSDP shards, gradients, optimizer,
+activations). With ``enable_sleep_mode`` (CUDA / ROCm / XPU only; ignored elsewhere) :meth:`sleep` frees the KV
+cache and offloads (level 1) or discards (level 2) the weights while the actor trains; :meth:`update_weights` wakes the weights only, and the next :meth:`generate`
 wakes the KV cache, so weights and KV cache are never both resident together with a training step.
 
 Built from a model object (what the trainer's workers pass): its config, generation config and the tokenizer are
@@ -246,8 +246,9 @@ class VLLMEngine:
     ``transformers`` causal LM object (its current weights are pushed in memory). ``tokenizer``: decodes ``text``
     and names the EOS token (loaded from the folder when omitted). ``gpu_memory_utilization``: vLLM's fraction of
     this worker's share of the device (GPU: weights + KV cache; CPU: the KV cache's fraction of the available
-    memory). ``kv_cache_gib``: the KV cache's size, set explicitly (default: derived; see "Memory" above). ``enable_sleep_mode``: allow :meth:`sleep`/:meth:`wake_up` where vLLM offers it
-    (GPU). ``dtype``: ``"auto"`` = the model's dtype. ``seed``: seeds this engine's generator, which draws one
+    memory). ``kv_cache_gib``: the KV cache's size, set explicitly (default: derived; see "Memory" above).
+    ``enable_sleep_mode``: allow :meth:`sleep`/:meth:`wake_up` where vLLM offers it (GPU). ``dtype``:
+    ``"auto"`` = the model's dtype. ``seed``: seeds this engine's generator, which draws one
     vLLM seed per request, so the same seed, weights and prompts give the same samples (``generator`` is a
     ``torch.Generator``, like HFEngine's, so the trainer checkpoints and restores it). ``max_model_len``: prompt +
     reply tokens (default: the model's ``max_position_embeddings``). ``device``: accepted for the registry's
@@ -356,12 +357,11 @@ class VLLMEngine:
             enable_sleep_mode=self.sleep_enabled,
             logprobs_mode=self.logprobs_mode,
             load_format=load_format,
-            enable_chunked_prefill=False,  # see "Seeding" in the module docstring
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = int(max_model_len)
         kwargs.update(llm_kwargs)
-        kwargs["enable_chunked_prefill"] = False
+        kwargs["enable_chunked_prefill"] = False  # see "Seeding" in the module docstring
         defaults = _vllm_batch_defaults()
         if max_model_len is not None and defaults is not None:
             # Without chunked prefill one step must hold a whole prompt of up to max_model_len tokens.
@@ -383,7 +383,8 @@ class VLLMEngine:
         # vLLM seeds the global random, numpy and torch RNGs with `seed` when its engine core runs in this process;
         # the caller's RNG streams (the trainer seeds its workers) are put back as they were.
         # The budget above already read VLLM_CPU_KVCACHE_SPACE; inside vLLM it would override kv_cache_memory_bytes.
-        hidden = _env_hidden("VLLM_CPU_KVCACHE_SPACE") if "kv_cache_memory_bytes" in kwargs else contextlib.nullcontext()
+        hidden = (_env_hidden("VLLM_CPU_KVCACHE_SPACE") if "kv_cache_memory_bytes" in kwargs
+                  else contextlib.nullcontext())
         with _preserved_global_rng(), hidden:
             self.llm = vllm.LLM(**kwargs)
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
@@ -436,8 +437,8 @@ class VLLMEngine:
                 need = per_token * max_model_len * max_num_seqs if per_token and max_model_len and max_num_seqs \
                     else None
                 out["kv_cache_bytes"] = min(budget, need) if need else budget
-                source = (f"{fraction} x {available / GiB:.1f} GiB available x share {share:.3g}"
-                          f"{f', capped at {max_num_seqs} seqs x {max_model_len} tokens' if need and need < budget else ''}")
+                capped = f", capped at {max_num_seqs} seqs x {max_model_len} tokens" if need and need < budget else ""
+                source = f"{fraction} x {available / GiB:.1f} GiB available x share {share:.3g}{capped}"
             report = f"CPU KV cache {out['kv_cache_bytes'] / GiB:.3f} GiB ({source})"
         else:
             share = _ray_share("GPU") or 1.0
