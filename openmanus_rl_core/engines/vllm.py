@@ -34,16 +34,46 @@ serialisation. The prefix cache is reset afterwards (its KV blocks were computed
 "RotaryEmbedding: Failed to load weights" on each reload: the rotary cos/sin cache is not in a state dict and is put
 back as it was (harmless; the log-prob test after an update checks it).
 
-Memory (GPU): ``gpu_memory_utilization`` is the fraction of the GPU that vLLM takes for weights + KV cache (the
-rest is the colocated actor's: FSDP shards, gradients, optimizer, activations). With ``enable_sleep_mode`` (CUDA /
-ROCm / XPU only; ignored elsewhere) :meth:`sleep` frees the KV cache and offloads (level 1) or discards (level 2)
-the weights while the actor trains; :meth:`update_weights` wakes the weights only, and the next :meth:`generate`
+Memory (GPU): ``gpu_memory_utilization`` is the fraction of this worker's share of the GPU that vLLM takes for
+weights + KV cache (see "Memory" below; the rest is the colocated actor's: FSDP shards, gradients, optimizer,
+activations). With ``enable_sleep_mode`` (CUDA / ROCm / XPU only; ignored elsewhere) :meth:`sleep` frees the KV
+cache and offloads (level 1) or discards (level 2) the weights while the actor trains; :meth:`update_weights` wakes the weights only, and the next :meth:`generate`
 wakes the KV cache, so weights and KV cache are never both resident together with a training step.
 
 Built from a model object (what the trainer's workers pass): its config, generation config and the tokenizer are
-written to a temporary folder, vLLM starts there with ``load_format="dummy"`` (random weights, nothing read), the
-model's state dict is then pushed in memory with :meth:`update_weights`, and the folder is deleted. Built from a
-path: vLLM loads it.
+written to a temporary folder ``<tmp>/omrl-vllm-<pid>-<start>-*`` (``pid`` and start time of the owning process),
+vLLM starts there with ``load_format="dummy"`` (random weights, nothing read), the model's state dict is then pushed
+in memory with :meth:`update_weights`, and the folder is deleted -- also when start-up fails (``finally``). A process
+killed during start-up cannot delete it: every engine start removes the folders whose owner process is gone (no
+such pid, or a pid reused by a process started at another time). Built from a path: vLLM loads it.
+
+Seeding (why per-request seeds and no chunked prefill): each request gets its own vLLM seed, drawn from this
+engine's ``generator``, so vLLM gives it a private ``torch.Generator`` that advances by one draw per sampled token.
+A reply then depends only on (seed, weights, prompt) -- not on which other requests share a scheduler step, how
+much of the prompt the prefix cache already holds, or whether the request was preempted and recomputed (vLLM keeps
+its generator; the recompute is one prefill followed by one sample, as before the preemption). The one scheduler
+behaviour that breaks this is chunked prefill: vLLM samples every scheduled request, including one whose prompt is
+only partly computed, throws that token away and rewinds the request's generator with ``set_offset(get_offset() -
+4)``. Offsets exist only for CUDA's Philox generators (the CPU generator raises "CPU Generator does not use
+offset") and even there tie the stream to vLLM's sampler internals. So the engine runs vLLM with
+``enable_chunked_prefill=False`` and ``max_num_batched_tokens >= max_model_len``: a prompt is always prefilled in
+one step (a batch whose prompts exceed one step is spread over several steps, whole prompts each), no sample is
+ever discarded and no offset is ever read. The alternative -- one engine-wide seed per call -- would make a reply
+depend on the batch and on the scheduler's state (prefix cache, KV-cache size, preemptions), so a resumed run would
+not sample what the uninterrupted one did.
+
+Memory: the KV cache is sized from this worker's share of its device, divided among the workers that share it,
+and printed at start (``engine.memory`` holds the numbers):
+
+- GPU: vLLM gets ``gpu_memory_utilization x gpu_share`` of the GPU, where ``gpu_share`` is the GPU fraction Ray
+  gave this worker (``trainer.worker_num_gpus``: 1/2 when a critic shares the GPU; 1 outside Ray).
+- CPU: ``kv_cache_bytes = min(gpu_memory_utilization x available memory x cpu_share, need)``, passed to vLLM as
+  ``kv_cache_memory_bytes`` (what ``VLLM_CPU_KVCACHE_SPACE`` sets). ``cpu_share`` = this worker's Ray CPUs / its
+  node's CPUs (1 / ``LOCAL_WORLD_SIZE`` under torchrun; 1 alone). ``need`` = ``max_num_seqs x max_model_len x
+  2 x layers x kv_heads x head_dim x dtype bytes``: more than that can never be used, and the CPU backend zero-fills
+  (commits) the whole cache at start.
+- ``kv_cache_gib`` sets the KV cache explicitly (both devices); an exported ``VLLM_CPU_KVCACHE_SPACE`` (GiB) is
+  respected on the CPU when ``kv_cache_gib`` is not given.
 """
 
 from __future__ import annotations
@@ -98,6 +128,17 @@ def _preserved_global_rng():
             torch.cuda.set_rng_state_all(cuda)
 
 
+@contextlib.contextmanager
+def _env_hidden(name: str):
+    """``os.environ`` without ``name`` inside the block, as it was after."""
+    saved = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
+
+
 def _engine_arg_exists(name: str) -> bool:
     import dataclasses
 
@@ -112,14 +153,102 @@ def _dtype_name(dtype: Any) -> str:
     return str(dtype)
 
 
+_TMP_PREFIX = "omrl-vllm-"
+GiB = 1 << 30
+
+
+def _process_stamp(pid: int) -> int | None:
+    """The start time of process ``pid`` in 1/100 s (None: no such process); with the pid it names one process."""
+    import psutil
+
+    try:
+        return int(psutil.Process(pid).create_time() * 100)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return None
+
+
+def _own_tmpdir() -> str:
+    """A new temporary folder named after this process (pid and start time), so others can tell when it is dead."""
+    pid = os.getpid()
+    return tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{pid}-{_process_stamp(pid)}-")
+
+
+def remove_orphaned_tmpdirs(root: str | None = None) -> list[str]:
+    """Delete the ``omrl-vllm-<pid>-<start>-*`` folders under ``root`` (default: the temp dir) whose owner is gone.
+
+    A folder's owner is gone when no process has that pid or the pid now belongs to a process started at another
+    time. Folders named otherwise are left alone. Returns the paths removed.
+    """
+    base = Path(root or tempfile.gettempdir())
+    removed = []
+    for path in base.glob(f"{_TMP_PREFIX}*"):
+        parts = path.name[len(_TMP_PREFIX):].split("-")
+        if len(parts) < 3 or not (parts[0].isdigit() and parts[1].isdigit()) or not path.is_dir():
+            continue
+        if _process_stamp(int(parts[0])) != int(parts[1]):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
+
+
+def _ray_share(resource: str) -> float | None:
+    """This Ray worker's share of its node's ``resource`` ("CPU" / "GPU" count); None outside a Ray worker."""
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is a core dependency
+        return None
+    if not ray.is_initialized():
+        return None
+    ctx = ray.get_runtime_context()
+    mine = float(ctx.get_assigned_resources().get(resource, 0.0))
+    if mine <= 0:
+        return None
+    if resource == "GPU":  # per GPU: a worker holding whole GPUs has all of each
+        return min(1.0, mine)
+    node = next((n for n in ray.nodes() if n.get("NodeID") == ctx.get_node_id()), None)
+    total = float((node or {}).get("Resources", {}).get(resource, 0.0))
+    return min(1.0, mine / total) if total > 0 else None
+
+
+def _kv_bytes_per_token(hf_config: Any, dtype: Any) -> int | None:
+    """``2 x layers x kv_heads x head_dim x dtype bytes`` (K and V of one token); None when the config lacks them."""
+    cfg = getattr(hf_config, "text_config", None) or hf_config
+    layers = getattr(cfg, "num_hidden_layers", None)
+    heads = getattr(cfg, "num_attention_heads", None)
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads if heads else None)
+    if not (layers and kv_heads and head_dim):
+        return None
+    if not isinstance(dtype, torch.dtype):
+        name = str(getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "float32")
+        dtype = dtype if dtype not in (None, "auto") else name
+        dtype = getattr(torch, str(dtype).replace("torch.", ""), torch.float32)
+    return 2 * int(layers) * int(kv_heads) * int(head_dim) * torch.empty(0, dtype=dtype).element_size()
+
+
+def _vllm_batch_defaults() -> tuple[int, int] | None:
+    """vLLM's own ``(max_num_batched_tokens, max_num_seqs)`` for the offline ``LLM`` on this platform."""
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
+
+        tokens, seqs = EngineArgs.get_batch_defaults(world_size=1)
+        return int(tokens[UsageContext.LLM_CLASS]), int(seqs[UsageContext.LLM_CLASS])
+    except Exception as exc:  # pragma: no cover - a vLLM without this classmethod
+        log.debug("vLLM batch defaults unavailable: %s", exc)
+        return None
+
+
 class VLLMEngine:
     """Batched generation with vLLM's offline engine; implements ``protocols.RolloutEngine``.
 
     ``model_path_or_model`` (or ``model=``, the name the registry passes): a local Hugging Face folder, or a
     ``transformers`` causal LM object (its current weights are pushed in memory). ``tokenizer``: decodes ``text``
-    and names the EOS token (loaded from the folder when omitted). ``gpu_memory_utilization``: vLLM's share of
-    the GPU (weights + KV cache). ``enable_sleep_mode``: allow :meth:`sleep`/:meth:`wake_up` where vLLM offers it
-    (GPU). ``dtype``: ``"auto"`` = the model's dtype. ``seed``: seeds this engine's generator, which draws one
+    and names the EOS token (loaded from the folder when omitted). ``gpu_memory_utilization``: vLLM's fraction of
+    this worker's share of the device (GPU: weights + KV cache; CPU: the KV cache's fraction of the available
+    memory). ``kv_cache_gib``: the KV cache's size, set explicitly (default: derived; see "Memory" above).
+    ``enable_sleep_mode``: allow :meth:`sleep`/:meth:`wake_up` where vLLM offers it (GPU). ``dtype``:
+    ``"auto"`` = the model's dtype. ``seed``: seeds this engine's generator, which draws one
     vLLM seed per request, so the same seed, weights and prompts give the same samples (``generator`` is a
     ``torch.Generator``, like HFEngine's, so the trainer checkpoints and restores it). ``max_model_len``: prompt +
     reply tokens (default: the model's ``max_position_embeddings``). ``device``: accepted for the registry's
@@ -143,17 +272,37 @@ class VLLMEngine:
         device: Any = None,
         logprobs_mode: str = "processed_logprobs",
         sleep_level: int = 1,
+        kv_cache_gib: float | None = None,
         **llm_kwargs: Any,
     ):
         source = model_path_or_model if model_path_or_model is not None else model
         if source is None:
             raise ValueError("VLLMEngine needs a model: a local Hugging Face folder or a transformers model object")
+        if llm_kwargs.get("enable_chunked_prefill"):
+            raise ValueError("VLLMEngine: enable_chunked_prefill=True is not allowed: per-request seeds need every "
+                             "prompt prefilled in one step (see the engine's docstring); leave it unset")
         # In-process engine core: update_weights hands tensors to the worker by reference (see the module doc).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         vllm = _import_vllm()
+        self._tmpdir: str | None = None
+        removed = remove_orphaned_tmpdirs()
+        if removed:
+            log.warning("VLLMEngine: removed %d temporary folder(s) of processes that are gone: %s", len(removed),
+                        ", ".join(removed))
+        try:
+            self._start(vllm, source, tokenizer, gpu_memory_utilization, enable_sleep_mode, dtype, seed,
+                        max_model_len, device, logprobs_mode, sleep_level, kv_cache_gib, llm_kwargs)
+        finally:
+            # vLLM read the config and the tokenizer at start-up and reloads weights only from memory: the folder
+            # is not needed past this point, whether the start succeeded or not.
+            if self._tmpdir:
+                shutil.rmtree(self._tmpdir, ignore_errors=True)
+                self._tmpdir = None
+
+    def _start(self, vllm, source, tokenizer, gpu_memory_utilization, enable_sleep_mode, dtype, seed, max_model_len,
+               device, logprobs_mode, sleep_level, kv_cache_gib, llm_kwargs) -> None:
         from vllm.platforms import current_platform
 
-        self._tmpdir: str | None = None
         self.device = device
         eos_from_model: Any = None
         push_state: dict[str, Any] | None = None
@@ -163,6 +312,9 @@ class VLLMEngine:
                 raise FileNotFoundError(f"VLLMEngine: {str(path)!r} holds no config.json; give a local Hugging Face "
                                         "model folder (config, weights, tokenizer files) or a model object")
             path_str = str(path)
+            from transformers import AutoConfig
+
+            hf_config = AutoConfig.from_pretrained(path_str, local_files_only=True)
             if tokenizer is None:
                 from transformers import AutoTokenizer
 
@@ -171,14 +323,14 @@ class VLLMEngine:
         else:
             if tokenizer is None:
                 raise ValueError("VLLMEngine built from a model object needs its tokenizer")
-            # Config + tokenizer only: vLLM starts with dummy weights, the real ones follow in memory.
-            self._tmpdir = tempfile.mkdtemp(prefix="omrl-vllm-")
-            path_str = self._tmpdir
-            cfg = getattr(source, "config", None)
-            if cfg is None or not hasattr(cfg, "save_pretrained"):
+            hf_config = getattr(source, "config", None)
+            if hf_config is None or not hasattr(hf_config, "save_pretrained"):
                 raise TypeError(f"VLLMEngine: {type(source).__name__} is neither a path nor a transformers model "
                                 "(it has no .config); pass a Hugging Face folder or a PreTrainedModel")
-            cfg.save_pretrained(path_str)
+            # Config + tokenizer only: vLLM starts with dummy weights, the real ones follow in memory.
+            self._tmpdir = _own_tmpdir()
+            path_str = self._tmpdir
+            hf_config.save_pretrained(path_str)
             gen_cfg = getattr(source, "generation_config", None)
             if gen_cfg is not None:
                 gen_cfg.save_pretrained(path_str)
@@ -195,12 +347,13 @@ class VLLMEngine:
         self.sleep_enabled = bool(enable_sleep_mode) and bool(current_platform.is_sleep_mode_available())
         self.sleep_level = int(sleep_level)
         self.logprobs_mode = str(logprobs_mode)
+        if max_model_len is None:
+            max_model_len = getattr(hf_config, "max_position_embeddings", None)
         kwargs: dict[str, Any] = dict(
             model=path_str,
             tokenizer=path_str,
             dtype=_dtype_name(dtype),
             seed=int(seed),
-            gpu_memory_utilization=float(gpu_memory_utilization),
             enable_sleep_mode=self.sleep_enabled,
             logprobs_mode=self.logprobs_mode,
             load_format=load_format,
@@ -208,6 +361,20 @@ class VLLMEngine:
         if max_model_len is not None:
             kwargs["max_model_len"] = int(max_model_len)
         kwargs.update(llm_kwargs)
+        kwargs["enable_chunked_prefill"] = False  # see "Seeding" in the module docstring
+        defaults = _vllm_batch_defaults()
+        if max_model_len is not None and defaults is not None:
+            # Without chunked prefill one step must hold a whole prompt of up to max_model_len tokens.
+            kwargs["max_num_batched_tokens"] = max(int(kwargs.get("max_num_batched_tokens") or defaults[0]),
+                                                   int(max_model_len))
+        max_num_seqs = int(kwargs.get("max_num_seqs") or (defaults[1] if defaults else 0)) or None
+        if kv_cache_gib is None and kwargs.get("kv_cache_memory_bytes"):  # vLLM's own name for kv_cache_gib
+            kv_cache_gib = int(kwargs["kv_cache_memory_bytes"]) / GiB
+        kwargs.pop("kv_cache_memory_bytes", None)
+        self.memory = self._memory_budget(current_platform, float(gpu_memory_utilization), kv_cache_gib,
+                                          hf_config, dtype, max_model_len, max_num_seqs)
+        kwargs.update(self.memory["vllm_kwargs"])
+        print(f"VLLMEngine memory (pid {os.getpid()}): {self.memory['report']}", flush=True)
         if not _engine_arg_exists("logprobs_mode"):  # vLLM < 0.10: raw log-probs only
             log.warning("VLLMEngine: this vLLM (%s) has no logprobs_mode; its log-probs ignore the temperature "
                         "(log_softmax(logits)), unlike HFEngine's log_softmax(logits / T)", vllm.__version__)
@@ -215,7 +382,10 @@ class VLLMEngine:
             self.logprobs_mode = "raw_logprobs"
         # vLLM seeds the global random, numpy and torch RNGs with `seed` when its engine core runs in this process;
         # the caller's RNG streams (the trainer seeds its workers) are put back as they were.
-        with _preserved_global_rng():
+        # The budget above already read VLLM_CPU_KVCACHE_SPACE; inside vLLM it would override kv_cache_memory_bytes.
+        hidden = (_env_hidden("VLLM_CPU_KVCACHE_SPACE") if "kv_cache_memory_bytes" in kwargs
+                  else contextlib.nullcontext())
+        with _preserved_global_rng(), hidden:
             self.llm = vllm.LLM(**kwargs)
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
 
@@ -230,11 +400,62 @@ class VLLMEngine:
         self.calls = 0  # generate() calls so far (metrics, tests)
         if push_state is not None:
             self.update_weights(push_state)
-        if self._tmpdir:
-            # vLLM read the config and the tokenizer at start-up and reloads weights only from memory here: the
-            # folder is not needed any more (a Ray actor killed later would never get to delete it).
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+
+    @staticmethod
+    def _memory_budget(platform, fraction: float, kv_cache_gib: float | None, hf_config: Any, dtype: Any,
+                       max_model_len: int | None, max_num_seqs: int | None) -> dict[str, Any]:
+        """The KV-cache budget of this worker (see "Memory" in the module docstring) and the vLLM arguments for it.
+
+        Returns ``{"device", "share", "kv_cache_bytes" (None: vLLM sizes it from gpu_memory_utilization),
+        "gpu_memory_utilization", "vllm_kwargs", "report"}``.
+        """
+        if not 0 < fraction <= 1:
+            raise ValueError(f"VLLMEngine: gpu_memory_utilization={fraction} must be in (0, 1]")
+        if kv_cache_gib is not None and not float(kv_cache_gib) > 0:
+            raise ValueError(f"VLLMEngine: kv_cache_gib={kv_cache_gib} must be > 0 GiB (or null: derived)")
+        on_cpu = bool(platform.is_cpu())
+        out: dict[str, Any] = {"device": "cpu" if on_cpu else "gpu", "kv_cache_bytes": None}
+        env_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+        if kv_cache_gib is not None:
+            source = "kv_cache_gib"
+            out["kv_cache_bytes"] = int(float(kv_cache_gib) * GiB)
+        elif on_cpu and env_space.strip():
+            source = "VLLM_CPU_KVCACHE_SPACE"
+            out["kv_cache_bytes"] = int(float(env_space) * GiB)
+        if on_cpu:
+            share = _ray_share("CPU")
+            if share is None:
+                share = 1.0 / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+            out["share"] = share
+            out["gpu_memory_utilization"] = fraction
+            if out["kv_cache_bytes"] is None:
+                import psutil
+
+                available = int(psutil.virtual_memory().available)
+                budget = int(fraction * available * share)
+                per_token = _kv_bytes_per_token(hf_config, dtype)
+                need = per_token * max_model_len * max_num_seqs if per_token and max_model_len and max_num_seqs \
+                    else None
+                out["kv_cache_bytes"] = min(budget, need) if need else budget
+                capped = f", capped at {max_num_seqs} seqs x {max_model_len} tokens" if need and need < budget else ""
+                source = f"{fraction} x {available / GiB:.1f} GiB available x share {share:.3g}{capped}"
+            report = f"CPU KV cache {out['kv_cache_bytes'] / GiB:.3f} GiB ({source})"
+        else:
+            share = _ray_share("GPU") or 1.0
+            out["share"] = share
+            out["gpu_memory_utilization"] = fraction * share
+            report = (f"GPU memory for vLLM {out['gpu_memory_utilization']:.3g} of the GPU (gpu_memory_utilization "
+                      f"{fraction} x this worker's GPU share {share:.3g})")
+            if out["kv_cache_bytes"] is not None:
+                report += f", KV cache {out['kv_cache_bytes'] / GiB:.3f} GiB ({source})"
+        out["vllm_kwargs"] = {"gpu_memory_utilization": out["gpu_memory_utilization"]}
+        if out["kv_cache_bytes"] is not None:
+            if _engine_arg_exists("kv_cache_memory_bytes"):
+                out["vllm_kwargs"]["kv_cache_memory_bytes"] = out["kv_cache_bytes"]
+            elif on_cpu:  # older vLLM: the CPU backend reads whole GiB from the environment only
+                os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(out["kv_cache_bytes"] / GiB)))
+        out["report"] = report
+        return out
 
     def _eos_ids(self, model_eos: Any) -> set[int]:
         ids: set[int] = set()
