@@ -39,12 +39,6 @@ class EnvConfig:
     name: str = opt(MISSING, "env plugin name (registry `openmanus_rl.envs`)")
     kwargs: Dict[str, Any] = opt({}, "constructor arguments of the env (checked by the env plugin)")
     max_turns: int = opt(MISSING, "model replies per episode", ge=1)
-    # Token limits are the env's to size (its observations and turn counts; the AgentGym ones are measured in
-    # docs/agentgym.md); rollout.* takes them from here unless set there.
-    max_prompt_tokens: int = opt(512, "the first prompt's tokens (rollout.max_prompt_tokens' default)", ge=1)
-    max_response_tokens: int = opt(512, "an episode's tokens after the prompt (rollout.max_response_tokens' "
-                                        "default)", ge=1)
-    max_obs_tokens: int = opt(128, "one observation's tokens (rollout.max_obs_tokens' default)", ge=1)
     train_tasks: int = opt(256, "training tasks a generated split holds (`data make` and data.train_files=null)",
                            ge=1)
     val_tasks: int = opt(64, "validation tasks a generated split holds", ge=0)
@@ -154,12 +148,11 @@ class RolloutConfig:
     engine_kwargs: Dict[str, Any] = opt({}, "engine constructor arguments (checked by the engine)")
     n: int = opt("${algorithm.n}", "samples per task (the group size of group-based estimators)", ge=1)
     max_turns: int = opt("${env.max_turns}", "model replies per episode", ge=1)
-    max_prompt_tokens: int = opt("${env.max_prompt_tokens}", "the first prompt's tokens (a longer one is cut, "
-                                                             "observation first)", ge=1)
-    max_response_tokens: int = opt("${env.max_response_tokens}", "every token after the prompt (replies + "
-                                                                 "observations) of an episode", ge=1)
-    max_obs_tokens: int = opt("${env.max_obs_tokens}", "one observation's tokens (longer ones keep their head and "
-                                                       "tail around `[...]`)", ge=1)
+    max_prompt_tokens: int = opt(512, "the first prompt's tokens (a longer one is cut, observation first)", ge=1)
+    max_response_tokens: int = opt(512, "every token after the prompt (replies + observations) of an episode",
+                                   ge=1)
+    max_obs_tokens: int = opt(128, "one observation's tokens (longer ones keep their head and tail around "
+                                   "`[...]`)", ge=1)
     max_new_tokens: int = opt(64, "one reply's tokens", ge=1)
     temperature: float = opt(1.0, "sampling temperature", gt=0)
     top_p: float = opt(1.0, "nucleus sampling mass", gt=0)
