@@ -333,6 +333,7 @@ class Trainer:
         self.actor.call("end_warmup")
         self.actor.call("sync_rollout_weights")
         metrics["warmup/seconds"] = time.perf_counter() - t0
+        metrics["warmup/from_data"] = float(sum(bool(t.get("demonstration")) for t in demo_tasks))
         return metrics
 
     # -------------------------------------------------------------------------------------- one step
