@@ -55,6 +55,7 @@ __all__ = [
     "verify",
     "ensure_task_files",
     "OPENMANUS_COLUMNS",
+    "OPENMANUS_SCHEMA",
     "read_openmanus",
     "conversation_demonstration",
 ]
@@ -142,6 +143,15 @@ def load_tasks(path: str | os.PathLike | Sequence[str | os.PathLike], required: 
 
 # ----------------------------------------------------------------------------- OpenManus-RL's layout
 OPENMANUS_COLUMNS = ("data_source", "item_id", "conversations", "prompt", "ability", "reward_model", "extra_info")
+# Their arrow types in OpenManus-RL's published files (what a writer of such a file uses).
+OPENMANUS_SCHEMA = pa.schema([
+    ("data_source", pa.string()), ("item_id", pa.string()),
+    ("conversations", pa.list_(pa.struct([("from", pa.string()), ("loss", pa.bool_()), ("value", pa.string())]))),
+    ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
+    ("ability", pa.string()),
+    ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
+    ("extra_info", pa.struct([("conversations", pa.string()), ("index", pa.int64()), ("split", pa.string())])),
+])
 
 
 def conversation_demonstration(turns: Sequence[Mapping[str, Any]]) -> dict | None:

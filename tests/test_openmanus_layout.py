@@ -14,17 +14,7 @@ import pytest
 pytest.importorskip("openmanus_rl_env_textcraft")
 
 from openmanus_rl_core.cli import main as cli_main  # noqa: E402
-from openmanus_rl_core.data import load_tasks  # noqa: E402
-
-SCHEMA = pa.schema([
-    ("data_source", pa.string()), ("item_id", pa.string()),
-    ("conversations", pa.list_(pa.struct([("from", pa.string()), ("loss", pa.bool_()), ("value", pa.string())]))),
-    ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
-    ("ability", pa.string()),
-    ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
-    ("extra_info", pa.struct([("conversations", pa.string()), ("index", pa.int64()), ("split", pa.string())])),
-])
-
+from openmanus_rl_core.data import OPENMANUS_SCHEMA, load_tasks  # noqa: E402
 
 def expert_row(task_id: int, item: str, keep_actions: int | None = None) -> dict:
     """One row in OpenManus-RL's layout: AgentGym's conversation of the oracle playing ``task_id`` (cut to
@@ -57,7 +47,7 @@ def files(tmp_path_factory) -> tuple[Path, Path]:
     mixed = good + [expert_row(40, "textcraft_810", keep_actions=1)]
     paths = folder / "good.parquet", folder / "mixed.parquet"
     for path, rows in zip(paths, (good, mixed)):
-        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path)
+        pq.write_table(pa.Table.from_pylist(rows, schema=OPENMANUS_SCHEMA), path)
     return paths
 
 

@@ -20,7 +20,7 @@ import torch
 from openmanus_rl_core.algorithms.advantages import grpo_estimator
 from openmanus_rl_core.cli import main as cli_main
 from openmanus_rl_core.config import compose
-from openmanus_rl_core.data import load_tasks
+from openmanus_rl_core.data import OPENMANUS_SCHEMA, load_tasks
 from openmanus_rl_core.envs import EnvUnavailableError
 from openmanus_rl_core.metrics import LearningSignalWatch
 from openmanus_rl_core.models import build_tokenizer
@@ -288,15 +288,7 @@ def openmanus_table(rows: list[tuple[str, list[str], list[str]]]) -> pa.Table:
             "reward_model": {"ground_truth": f"answer {i}", "style": "rule"},
             "extra_info": {"conversations": json.dumps(conv), "index": i, "split": "train"},
         })
-    schema = pa.schema([
-        ("data_source", pa.string()), ("item_id", pa.string()),
-        ("conversations", pa.list_(pa.struct([("from", pa.string()), ("loss", pa.bool_()), ("value", pa.string())]))),
-        ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
-        ("ability", pa.string()),
-        ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
-        ("extra_info", pa.struct([("conversations", pa.string()), ("index", pa.int64()), ("split", pa.string())])),
-    ])
-    return pa.Table.from_pylist(records, schema=schema)
+    return pa.Table.from_pylist(records, schema=OPENMANUS_SCHEMA)
 
 
 def test_10_openmanus_rl_files_are_read_and_data_verify_replays_them(tmp_path, capsys):
