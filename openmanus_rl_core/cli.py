@@ -6,6 +6,7 @@
     openmanus-rl eval    [--cfg job] [key=value ...]
     openmanus-rl data make [--cfg job] [key=value ...]
     openmanus-rl config-doc                                # docs/configuration.md, from the schema
+    openmanus-rl data verify env=<name> data.val_files=<file>   # replay each row's demonstration through the env
 
 Listing plugins imports no component and no torch; the other commands import their module only when run.
 """
@@ -20,6 +21,7 @@ from typing import Sequence
 
 from openmanus_rl_core import registry
 from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.envs import EnvUnavailableError
 from openmanus_rl_core.registry import KINDS, PluginError
 
 # command -> "module:function(cfg)"; imported only when that command runs.
@@ -29,7 +31,7 @@ JOBS = {
     "eval": "openmanus_rl_core.trainer:evaluate",
     "data": "openmanus_rl_core.data:make",
 }
-SUBACTIONS = {"data": ["make"]}
+SUBACTIONS = {"data": ["make", "verify"]}
 
 
 def _plugins(args: argparse.Namespace) -> int:
@@ -70,6 +72,8 @@ def _job(command: str, args: argparse.Namespace) -> int:
         return 0
     typed = check(cfg, training=command == "train")  # before the job imports torch or starts anything
     module, func = JOBS[command].split(":")
+    if getattr(args, "action", None) not in (None, "make"):
+        func = args.action  # `data verify` runs openmanus_rl_core.data:verify
     return int(getattr(importlib.import_module(module), func)(typed) or 0)
 
 
@@ -107,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, PluginError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except EnvUnavailableError as exc:  # a server down, or every episode failed: the message says which
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         # Hydra's composition and override errors already say what is wrong; a traceback adds nothing.
         if type(exc).__module__.startswith("hydra.") or type(exc).__module__.startswith("omegaconf."):

@@ -23,6 +23,11 @@ read too: ``ground_truth`` is taken from the struct, ``extra_info`` becomes ``ex
 Columns not listed above pass through unchanged.
 
 Every task dict has all documented keys (absent optional ones are ``None``, ``extra`` is ``{}``).
+
+OpenManus-RL's published layout is read too, detected by its columns (``data_source, item_id, conversations,
+prompt, ability, reward_model, extra_info``); see :func:`read_openmanus`. Its rows become tasks with a
+demonstration (for the warm-up and ``openmanus-rl data verify``), the task's first observation (a task by content)
+and the ground truth.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +52,12 @@ __all__ = [
     "TaskSampler",
     "generate_tasks",
     "make",
+    "verify",
     "ensure_task_files",
+    "OPENMANUS_COLUMNS",
+    "OPENMANUS_SCHEMA",
+    "read_openmanus",
+    "conversation_demonstration",
 ]
 
 
@@ -92,6 +102,8 @@ def load_tasks(path: str | os.PathLike | Sequence[str | os.PathLike], required: 
         raise DataError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from exc
 
     names = table.column_names
+    if set(OPENMANUS_COLUMNS) <= set(names):
+        return read_openmanus(path, table)
     columns: dict[str, list] = {}
     for col in required:
         if col not in names and not (col == "ground_truth" and _struct_ground_truth(table) is not None):
@@ -126,6 +138,75 @@ def load_tasks(path: str | os.PathLike | Sequence[str | os.PathLike], required: 
     for c in passthrough:
         for task, v in zip(tasks, table.column(c).to_pylist()):
             task[c] = v
+    return tasks
+
+
+# ----------------------------------------------------------------------------- OpenManus-RL's layout
+OPENMANUS_COLUMNS = ("data_source", "item_id", "conversations", "prompt", "ability", "reward_model", "extra_info")
+# Their arrow types in OpenManus-RL's published files (what a writer of such a file uses).
+OPENMANUS_SCHEMA = pa.schema([
+    ("data_source", pa.string()), ("item_id", pa.string()),
+    ("conversations", pa.list_(pa.struct([("from", pa.string()), ("loss", pa.bool_()), ("value", pa.string())]))),
+    ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
+    ("ability", pa.string()),
+    ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
+    ("extra_info", pa.struct([("conversations", pa.string()), ("index", pa.int64()), ("split", pa.string())])),
+])
+
+
+def conversation_demonstration(turns: Sequence[Mapping[str, Any]]) -> dict | None:
+    """An AgentGym conversation as a demonstration: ``{"observation": str, "steps": [[action, observation], ...]}``.
+
+    ``turns``: ``{"from": "human"|"gpt", "loss": bool|None, "value": str}``. The turns to learn (``loss`` true) are
+    the agent's; each one's action is the first line after its last ``Action:``, its observation the human turn
+    after it ("" after the last). The first observation is the human turn before the first agent turn (the turns
+    before it are AgentGym's instruction and the model's acknowledgement). None without an agent turn.
+    """
+    agent = [i for i, t in enumerate(turns) if t.get("from") == "gpt" and t.get("loss")]
+    if not agent or agent[0] == 0 or turns[agent[0] - 1].get("from") != "human":
+        return None
+    steps = []
+    for i in agent:
+        reply = str(turns[i].get("value") or "")
+        tail = reply.rpartition("Action:")[2] if "Action:" in reply else reply
+        action = next((line.strip() for line in tail.splitlines() if line.strip()), "")
+        after = turns[i + 1] if i + 1 < len(turns) and turns[i + 1].get("from") == "human" else None
+        steps.append([action, str(after.get("value") or "") if after else ""])
+    return {"observation": str(turns[agent[0] - 1].get("value") or ""), "steps": steps}
+
+
+def read_openmanus(path: Path, table: pa.Table) -> list[dict]:
+    """Tasks from a file in OpenManus-RL's layout (one row per AgentGym item).
+
+    Per row: ``task_id`` is the index in ``item_id`` (``"textcraft_31"`` -> 31, AgentGym's ``data_idx``), ``seed``
+    0; ``observation`` is the first observation of the conversation, so an env that can start a task from it
+    (``reset_from_observation``) plays that very task whatever its index means on this machine; ``demonstration``
+    is the conversation as :func:`conversation_demonstration` reads it; ``ground_truth`` is
+    ``reward_model.ground_truth``; ``extra`` is ``extra_info`` (without its copy of the conversation); ``prompt``,
+    ``ability`` and ``item_id`` pass through.
+    """
+    rows = table.select(list(OPENMANUS_COLUMNS)).to_pylist()
+    tasks = []
+    for i, row in enumerate(rows):
+        item = str(row["item_id"] or "")
+        index = item.rpartition("_")[2]
+        if not index.isdigit():
+            raise DataError(f"{path}: column 'item_id' row {i}: {item!r} does not end in _<index> "
+                            f"(expected e.g. 'textcraft_31')")
+        turns = row["conversations"] or []
+        if not isinstance(turns, list) or not all(isinstance(t, Mapping) for t in turns):
+            raise DataError(f"{path}: column 'conversations' row {i}: expected a list of {{from, loss, value}}, "
+                            f"got {type(turns).__name__}")
+        demo = conversation_demonstration(turns)
+        extra = {k: v for k, v in (row["extra_info"] or {}).items() if k != "conversations"}
+        task: dict[str, Any] = {c: None for c in COLUMNS}
+        task.update(
+            task_id=int(index), seed=0, data_source=row["data_source"], prompt=row["prompt"],
+            ground_truth=(row["reward_model"] or {}).get("ground_truth"), extra=extra, split=extra.get("split"),
+            item_id=item, ability=row["ability"], demonstration=demo,
+            observation=demo["observation"] if demo else None,
+        )
+        tasks.append(task)
     return tasks
 
 
@@ -480,3 +561,63 @@ def ensure_task_files(cfg: Any, out_dir: str | os.PathLike) -> tuple[Any, Any]:
 
     return (norm(given["train"] if given["train"] is not None else made["train"]),
             norm(given["val"] if given["val"] is not None else made["val"]))
+
+
+def verify(cfg: Any) -> int:
+    """``openmanus-rl data verify env=<name> data.val_files=<file>``: replay each row's demonstration in the env.
+
+    Each row's task is started as the rollout starts it (by content where the row and the env allow), then the
+    demonstration's actions are sent in order. A row passes when the env reports success (``info["success"]``, or
+    ``done`` for an env that reports no success) by the end of its actions. Prints the success rate and every
+    failing row (index, ``item_id``, why); exits 1 when any row fails (a row without a demonstration fails too),
+    so a script can stop on a dataset that does not agree with the env version.
+    """
+    from openmanus_rl_core.envs import open_env_service
+    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.rollout import start_task
+
+    files = cfg.data.val_files
+    if not files:
+        raise DataError("data verify needs data.val_files=<parquet file> (a file with demonstrations, e.g. "
+                        "OpenManus-RL's layout)")
+    tasks = load_tasks(files)
+    name = cfg.env.name
+    factory = registry("env").get(name)
+    service = open_env_service(name, factory, cfg.env.kwargs)
+    failures: list[str] = []
+    try:
+        for i, task in enumerate(tasks):
+            why = _replay(factory, service.kwargs, task, start_task)
+            if why:
+                failures.append(f"  row {i} ({task.get('item_id') or task.get('task_id')}): {why}")
+    finally:
+        service.close()
+    n = len(tasks)
+    print(f"{name}: {n - len(failures)}/{n} demonstrations succeed (success rate "
+          f"{(n - len(failures)) / n if n else float('nan'):.3f}) in {files}")
+    if failures:
+        print(f"failing rows ({len(failures)}):")
+        print("\n".join(failures))
+    return 1 if failures else 0
+
+
+def _replay(factory: Any, kwargs: Mapping[str, Any], task: Mapping[str, Any], start_task: Any) -> str | None:
+    """Why the row's demonstration does not succeed in the env, or None when it does."""
+    demo = task.get("demonstration")
+    if not demo or not demo.get("steps"):
+        return "no demonstration"
+    env = factory(**kwargs)
+    try:
+        start_task(env, task)
+        for k, (action, _) in enumerate(demo["steps"]):
+            res = env.step(action)
+            success = res.info.get("success") if isinstance(res.info, Mapping) else None
+            if success or (success is None and res.done):
+                return None
+            if res.done:
+                return f"the episode ended at action {k + 1} ({action!r}) without success: {res.observation[:120]!r}"
+        return f"no success after all {len(demo['steps'])} actions; last observation {res.observation[:120]!r}"
+    except Exception as exc:  # an env error is this row's failure, not the end of the check
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    finally:
+        env.close()

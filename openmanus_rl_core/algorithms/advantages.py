@@ -9,6 +9,10 @@ Conventions (all estimators):
 - Group statistics (GRPO, RLOO, GiGPO) are vectorised with ``index_add``/``bincount`` over integer group ids; any
   hashable labels (strings, ints, tuples, or a tensor) are accepted and mapped to ids first. Standard deviations
   are unbiased (Bessel-corrected, as ``torch.std``), and a group of one sample gets advantage 0.
+- ``valid`` (``[B]`` bool, optional, the batch's ``valid`` tensor): samples excluded from training (an ``env_error``
+  episode unless kept, a padding row) leave every statistic: group means, stds and counts (GRPO, RLOO, GiGPO), and
+  the whitening of GAE and REINFORCE++. Their advantage is 0, and a group with fewer than two valid members
+  gets 0 for every member.
 - Results come back in the inputs' float dtype (at least float32), computed without autograd (advantages are
   targets, not graph nodes). Group statistics run in float64 internally; so do discounted recursions wherever a
   float32 matmul might lose precision (see ``_scan_dtype``).
@@ -17,7 +21,8 @@ Conventions (all estimators):
   ``T`` sequential steps.
 
 The ``*_estimator`` functions at the bottom are the registered entry points (group ``openmanus_rl.advantages``),
-all called as ``estimator(batch, **cfg) -> (advantages, returns)``.
+all called as ``estimator(batch, **cfg) -> (advantages, returns)``; each passes the batch's optional ``valid``
+tensor (``[B]`` bool, written by ``rollout.build_batch``) on.
 """
 
 from __future__ import annotations
@@ -108,18 +113,21 @@ def _factorize_table(values: list) -> dict:
 
 
 def _group_normalise(
-    scores: torch.Tensor, gid: torch.Tensor, num_groups: int, epsilon: float, norm_by_std: bool
+    scores: torch.Tensor, gid: torch.Tensor, num_groups: int, epsilon: float, norm_by_std: bool,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``(s - mean_g) / (std_g + eps)`` (or ``s - mean_g``) per element, 0 for groups of one. ``[N] -> [N]``.
+    """``(s - mean_g) / (std_g + eps)`` (or ``s - mean_g``) per element over the valid members of each group;
+    0 for invalid elements and for groups with fewer than two valid members. ``[N] -> [N]``.
 
     Statistics are taken in float64: near-equal scores have a tiny std that would amplify float32 rounding.
     """
     out_dtype = scores.dtype
     scores = scores.to(torch.float64)
-    counts = torch.bincount(gid, minlength=num_groups).to(torch.float64)
-    sums = torch.zeros(num_groups, dtype=torch.float64, device=scores.device).index_add_(0, gid, scores)
-    centered = scores - (sums / counts.clamp_min(1))[gid]
-    # Per-group multiplier: 1 / (std + eps), or 1 without std; 0 for groups of one.
+    w = torch.ones_like(scores) if valid is None else valid.to(device=scores.device, dtype=torch.float64)
+    counts = torch.zeros(num_groups, dtype=torch.float64, device=scores.device).index_add_(0, gid, w)
+    sums = torch.zeros(num_groups, dtype=torch.float64, device=scores.device).index_add_(0, gid, scores * w)
+    centered = (scores - (sums / counts.clamp_min(1))[gid]) * w
+    # Per-group multiplier: 1 / (std + eps), or 1 without std; 0 for groups of fewer than two valid members.
     if norm_by_std:
         sq = torch.zeros_like(sums).index_add_(0, gid, centered * centered)
         denom = torch.sqrt(sq / (counts - 1).clamp_min(1)) + epsilon
@@ -129,6 +137,22 @@ def _group_normalise(
     else:
         scale = (counts > 1).to(torch.float64)
     return (centered * scale[gid]).to(out_dtype)
+
+
+def _valid_rows(valid: Any, n: int, device: torch.device) -> torch.Tensor | None:
+    """``valid`` as a ``[n]`` bool tensor on ``device`` (None stays None: every sample is valid)."""
+    if valid is None:
+        return None
+    v = torch.as_tensor(valid, device=device)
+    if v.dim() != 1 or v.shape[0] != n:
+        raise ValueError(f"valid must have shape [{n}] (one flag per sample), got {tuple(v.shape)}")
+    return _bool(v)
+
+
+def _valid_tokens(m: torch.Tensor, valid: Any) -> torch.Tensor:
+    """The token mask ``[B, T]`` with the rows of invalid samples cleared."""
+    v = _valid_rows(valid, m.shape[0], m.device)
+    return m if v is None else m & v.unsqueeze(-1)
 
 
 def _broadcast(seq_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -239,6 +263,7 @@ def compute_gae(
     response_mask: torch.Tensor,
     gamma: float = 1.0,
     lam: float = 1.0,
+    valid: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised Advantage Estimation (Schulman et al. 2016), multi-turn aware.
 
@@ -252,10 +277,10 @@ def compute_gae(
 
     Shapes: ``token_rewards, values, response_mask: [B, T]``. Returns ``(advantages, returns)``, both ``[B, T]``:
     advantages whitened over the mask (masked mean / unbiased std), returns from the un-whitened advantages;
-    both 0 at mask-0 positions.
+    both 0 at mask-0 positions and on the rows of invalid samples (``valid``, which leave the whitening).
     """
     _check_same_shape("token_rewards", token_rewards, values=values, response_mask=response_mask)
-    m = _bool(response_mask)
+    m = _valid_tokens(_bool(response_mask), valid)
     dtype = torch.promote_types(_float_dtype(token_rewards), _float_dtype(values))
     gamma, lam = _check_discount("gamma", gamma), _check_discount("lam", lam)
     # Drop the mask-0 tokens (compact each row), run plain GAE there, put the results back: observation tokens are
@@ -279,6 +304,7 @@ def compute_grpo(
     group_ids: Any,
     epsilon: float = 1e-6,
     norm_by_std: bool = True,
+    valid: Any = None,
 ) -> torch.Tensor:
     """GRPO outcome advantage (Shao et al. 2024); ``norm_by_std=False`` is Dr. GRPO (Liu et al. 2025).
 
@@ -287,77 +313,86 @@ def compute_grpo(
         A_i   = s_i - mean_{g(i)}                                  (Dr. GRPO)
         A_i,t = A_i * mask_{i,t}
 
-    ``std`` is unbiased; a group of one sample gets 0. Shapes: ``token_rewards, response_mask: [B, T]``,
-    ``group_ids``: B hashable labels (list / numpy array / tensor). Returns ``[B, T]``.
+    ``std`` is unbiased; mean and std run over the group's valid members (``valid``, ``[B]`` bool; default all);
+    invalid samples and groups with fewer than two valid members get 0. Shapes: ``token_rewards,
+    response_mask: [B, T]``, ``group_ids``: B hashable labels (list / numpy array / tensor). Returns ``[B, T]``.
     """
     _check_same_shape("token_rewards", token_rewards, response_mask=response_mask)
     m = _bool(response_mask)
     dtype = _float_dtype(token_rewards)
     scores = _sequence_scores(token_rewards, m, dtype)
-    return _broadcast(grpo_sequence_advantages(scores, group_ids, epsilon, norm_by_std), m)
+    return _broadcast(grpo_sequence_advantages(scores, group_ids, epsilon, norm_by_std, valid), m)
 
 
 @torch.no_grad()
 def grpo_sequence_advantages(
-    scores: torch.Tensor, group_ids: Any, epsilon: float = 1e-6, norm_by_std: bool = True
+    scores: torch.Tensor, group_ids: Any, epsilon: float = 1e-6, norm_by_std: bool = True, valid: Any = None
 ) -> torch.Tensor:
     """The grouping step of GRPO: ``[B]`` sequence scores -> ``[B]`` advantages ``(s - mean_g) / (std_g + eps)``.
 
-    Unbiased std; ``norm_by_std=False`` gives ``s - mean_g``; groups of one get 0.
+    Unbiased std over the valid members; ``norm_by_std=False`` gives ``s - mean_g``; invalid samples and groups
+    with fewer than two valid members get 0.
     """
     if scores.dim() != 1:
         raise ValueError(f"scores must be [B], got shape {tuple(scores.shape)}")
     gid, G = group_index(group_ids, scores.shape[0], scores.device)
-    return _group_normalise(scores.to(_float_dtype(scores)), gid, G, epsilon, norm_by_std)
+    v = _valid_rows(valid, scores.shape[0], scores.device)
+    return _group_normalise(scores.to(_float_dtype(scores)), gid, G, epsilon, norm_by_std, v)
 
 
 @torch.no_grad()
-def compute_rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: Any) -> torch.Tensor:
+def compute_rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: Any,
+                 valid: Any = None) -> torch.Tensor:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024): each score minus the mean of the *other* scores in its group.
 
         s_i = sum_t r_{i,t} * mask_{i,t}
         A_i = s_i - (sum_{j in g, j != i} s_j) / (n_g - 1) = n_g / (n_g - 1) * (s_i - mean_g)
 
-    A group of one gets 0. Shapes: ``[B, T]`` in, ``group_ids`` B labels; returns ``[B, T]`` (``A_i * mask``).
+    ``n_g`` and the sums count the valid members only (``valid``, ``[B]`` bool; default all); invalid samples and
+    groups with fewer than two valid members get 0. Shapes: ``[B, T]`` in, ``group_ids`` B labels; returns
+    ``[B, T]`` (``A_i * mask``).
     """
     _check_same_shape("token_rewards", token_rewards, response_mask=response_mask)
     m = _bool(response_mask)
     dtype = _float_dtype(token_rewards)
     scores = _sequence_scores(token_rewards, m, dtype)
-    return _broadcast(rloo_sequence_advantages(scores, group_ids), m)
+    return _broadcast(rloo_sequence_advantages(scores, group_ids, valid), m)
 
 
 @torch.no_grad()
-def rloo_sequence_advantages(scores: torch.Tensor, group_ids: Any) -> torch.Tensor:
+def rloo_sequence_advantages(scores: torch.Tensor, group_ids: Any, valid: Any = None) -> torch.Tensor:
     """The grouping step of RLOO: ``[B]`` scores -> ``[B]`` advantages ``(n_g * s - sum_g) / (n_g - 1)``.
 
-    A group of one gets 0.
+    Over valid members only; invalid samples and groups with fewer than two valid members get 0.
     """
     if scores.dim() != 1:
         raise ValueError(f"scores must be [B], got shape {tuple(scores.shape)}")
     out_dtype = _float_dtype(scores)
     scores = scores.to(torch.float64)  # n * s - sum cancels; float64 keeps it exact enough
     gid, G = group_index(group_ids, scores.shape[0], scores.device)
-    counts = torch.bincount(gid, minlength=G).to(scores.dtype)
-    sums = torch.zeros(G, dtype=scores.dtype, device=scores.device).index_add_(0, gid, scores)
+    v = _valid_rows(valid, scores.shape[0], scores.device)
+    w = torch.ones_like(scores) if v is None else v.to(scores.dtype)
+    counts = torch.zeros(G, dtype=scores.dtype, device=scores.device).index_add_(0, gid, w)
+    sums = torch.zeros(G, dtype=scores.dtype, device=scores.device).index_add_(0, gid, scores * w)
     n = counts[gid]
-    adv = torch.where(n > 1, (n * scores - sums[gid]) / (n - 1).clamp_min(1), torch.zeros_like(scores))
+    adv = torch.where((n > 1) & (w > 0), (n * scores - sums[gid]) / (n - 1).clamp_min(1), torch.zeros_like(scores))
     return adv.to(out_dtype)
 
 
 @torch.no_grad()
 def compute_reinforce_plus_plus(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0, valid: Any = None
 ) -> torch.Tensor:
     """REINFORCE++ (Hu 2025): whitened discounted return-to-go.
 
         G_t = r_t + gamma * G_{t'}     (t' = next masked-in token; mask-0 tokens are skipped, not discounted)
         A   = masked_whiten(G, mask)
 
-    Shapes: ``[B, T]`` in, ``[B, T]`` out, 0 at mask-0 positions.
+    Shapes: ``[B, T]`` in, ``[B, T]`` out, 0 at mask-0 positions and on invalid samples' rows (``valid``, which
+    leave the whitening statistics).
     """
     _check_same_shape("token_rewards", token_rewards, response_mask=response_mask)
-    m = _bool(response_mask)
+    m = _valid_tokens(_bool(response_mask), valid)
     return masked_whiten(discounted_returns(token_rewards, m, gamma), m)
 
 
@@ -442,12 +477,14 @@ def gigpo_step_advantages(
     gamma: float = 0.95,
     epsilon: float = 1e-6,
     norm_by_std: bool = True,
+    valid: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The step level of GiGPO: per-step discounted returns normalised within anchor-state groups.
 
     ``G_{i,k} = sum_{k' >= k} gamma^(k'-k) r_{i,k'}``; the step group of ``(i, k)`` is every step of the same rollout
     group whose anchor observation equals ``anchor_obs[i][k]``; ``A_{i,k} = (G_{i,k} - mean) / (std + eps)``
-    (unbiased std; singletons 0). Inputs as in ``compute_gigpo``. Returns ``(step_adv [B, S] float64, num_steps [B])``,
+    (unbiased std; singletons 0; the steps of invalid samples belong to no step group and get 0). Inputs as in
+    ``compute_gigpo``. Returns ``(step_adv [B, S] float64, num_steps [B])``,
     ``step_adv`` 0 beyond each trajectory's ``num_steps``.
     """
     gamma = _check_discount("gamma", gamma)
@@ -455,7 +492,10 @@ def gigpo_step_advantages(
     # Results live where the first tensor input lives (group ids first: compute_gigpo passes them on the token device).
     device = next((x.device for x in (group_ids, anchor_obs, step_rewards) if isinstance(x, torch.Tensor)), None)
     gid, G = group_index(group_ids, B, device)
-    codes, rewards, valid = _step_inputs(anchor_obs, step_rewards, B, gid.device)
+    codes, rewards, steps = _step_inputs(anchor_obs, step_rewards, B, gid.device)
+    sample_valid = _valid_rows(valid, B, gid.device)
+    # Steps of invalid samples join the padding: a group of their own whose result is discarded.
+    valid = steps if sample_valid is None else steps & sample_valid.unsqueeze(1)
     S = codes.shape[1]
     step_adv = torch.zeros(B, S, dtype=torch.float64, device=gid.device)
     if S:
@@ -473,7 +513,7 @@ def gigpo_step_advantages(
             num_step_groups = int(uniq.numel())
         normalised = _group_normalise(step_returns.flatten(), step_gid, num_step_groups, epsilon, norm_by_std)
         step_adv = torch.where(valid, normalised.view(B, S), step_adv)
-    return step_adv, valid.sum(-1)
+    return step_adv, steps.sum(-1)
 
 
 @torch.no_grad()
@@ -488,6 +528,7 @@ def compute_gigpo(
     step_weight: float = 1.0,
     epsilon: float = 1e-6,
     norm_by_std: bool = True,
+    valid: Any = None,
 ) -> torch.Tensor:
     """GiGPO: group-in-group policy optimisation (Feng et al. 2025) for multi-turn agents.
 
@@ -512,7 +553,8 @@ def compute_gigpo(
 
     A step group holds every step of the rollout group that acted on the same anchor observation, repeats of a state
     within one trajectory included. Singleton groups (episode or step) get 0; ``norm_by_std=False`` drops the std
-    division at both levels. Returns ``[B, T]``.
+    division at both levels. Invalid samples (``valid``, ``[B]`` bool) join no group at either level and get 0.
+    Returns ``[B, T]``.
     """
     _check_same_shape("token_rewards", token_rewards, response_mask=response_mask, step_ids=step_ids)
     if step_ids.is_floating_point():
@@ -524,11 +566,12 @@ def compute_gigpo(
     gid, G = group_index(group_ids, B, device)
 
     # Episode level: GRPO over whole trajectories.
-    episode_adv = _group_normalise(_sequence_scores(token_rewards, m, dtype), gid, G, epsilon, norm_by_std)
+    v = _valid_rows(valid, B, device)
+    episode_adv = _group_normalise(_sequence_scores(token_rewards, m, dtype), gid, G, epsilon, norm_by_std, v)
 
     # Step level.
     step_adv, num_steps = gigpo_step_advantages(
-        gid, step_rewards, anchor_obs, gamma=gamma, epsilon=epsilon, norm_by_std=norm_by_std
+        gid, step_rewards, anchor_obs, gamma=gamma, epsilon=epsilon, norm_by_std=norm_by_std, valid=v
     )
     step_adv = step_adv.to(dtype)
     step_ids = step_ids.to(device=device, dtype=torch.long)
@@ -546,7 +589,8 @@ def compute_gigpo(
     table = torch.nn.functional.pad(step_adv, (1, 0))
     token_step_adv = torch.gather(table, 1, step_ids + 1)
     adv = torch.add(episode_adv.unsqueeze(1), token_step_adv, alpha=step_weight)
-    return torch.where(m, adv, torch.zeros((), dtype=dtype, device=device))
+    keep = m if v is None else m & v.unsqueeze(1)
+    return torch.where(keep, adv, torch.zeros((), dtype=dtype, device=device))
 
 
 # --------------------------------------------------------------------------------------- registered entry points
@@ -570,7 +614,7 @@ def gae_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]
     _need(batch, ("token_level_rewards", "response_mask", "values"), "gae")
     return compute_gae(
         batch["token_level_rewards"], batch["values"], batch["response_mask"],
-        gamma=float(_cfg(cfg, "gamma", 1.0)), lam=float(_cfg(cfg, "lam", 1.0)),
+        gamma=float(_cfg(cfg, "gamma", 1.0)), lam=float(_cfg(cfg, "lam", 1.0)), valid=batch.get("valid"),
     )
 
 
@@ -578,7 +622,7 @@ def _grpo(batch: Batch, name: str, norm_by_std: bool, cfg: dict) -> tuple[torch.
     _need(batch, ("token_level_rewards", "response_mask", "group_ids"), name)
     adv = compute_grpo(
         batch["token_level_rewards"], batch["response_mask"], batch["group_ids"],
-        epsilon=float(_cfg(cfg, "epsilon", 1e-6)), norm_by_std=norm_by_std,
+        epsilon=float(_cfg(cfg, "epsilon", 1e-6)), norm_by_std=norm_by_std, valid=batch.get("valid"),
     )
     return adv, adv
 
@@ -602,7 +646,8 @@ def rloo_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor
     No cfg keys are used. Returns ``(advantages, advantages)``.
     """
     _need(batch, ("token_level_rewards", "response_mask", "group_ids"), "rloo")
-    adv = compute_rloo(batch["token_level_rewards"], batch["response_mask"], batch["group_ids"])
+    adv = compute_rloo(batch["token_level_rewards"], batch["response_mask"], batch["group_ids"],
+                       valid=batch.get("valid"))
     return adv, adv
 
 
@@ -613,7 +658,8 @@ def reinforce_plus_plus_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tenso
     """
     _need(batch, ("token_level_rewards", "response_mask"), "reinforce_plus_plus")
     adv = compute_reinforce_plus_plus(
-        batch["token_level_rewards"], batch["response_mask"], gamma=float(_cfg(cfg, "gamma", 1.0))
+        batch["token_level_rewards"], batch["response_mask"], gamma=float(_cfg(cfg, "gamma", 1.0)),
+        valid=batch.get("valid"),
     )
     return adv, adv
 
@@ -636,5 +682,6 @@ def gigpo_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tenso
         batch["step_rewards"], batch["anchor_obs"],
         gamma=float(_cfg(cfg, "gamma", 0.95)), step_weight=float(_cfg(cfg, "step_weight", 1.0)),
         epsilon=float(_cfg(cfg, "epsilon", 1e-6)), norm_by_std=bool(_cfg(cfg, "norm_by_std", True)),
+        valid=batch.get("valid"),
     )
     return adv, adv

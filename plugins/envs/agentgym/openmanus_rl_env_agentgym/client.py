@@ -2,7 +2,8 @@
 
 One :class:`AgentGymEnv` is one episode's env: ``reset`` creates a server-side env on first use (POST /create)
 and starts a task (POST /reset), ``step`` sends one action (POST /step), ``close`` releases it (POST /close, only
-where the server has it). What differs between servers -- the request shape, body keys, where the observation
+where the server has it: the spec's ``has_close``, or by default the server's own OpenAPI schema,
+``GET /openapi.json``, read once per server and process). What differs between servers -- the request shape, body keys, where the observation
 is, whether the reward is per step or a running score -- comes from the spec table ``envs.yaml``
 (:mod:`openmanus_rl_env_agentgym.spec`), never from code that branches on env names.
 
@@ -20,6 +21,11 @@ allowed to raise from** ``step``: an HTTP env can lose its server mid-episode, a
 ``EnvServerError`` and ends that episode with termination ``env_error``. Text the env does not understand is
 still answered by the server with an observation, not an error. After an error the server-side env is
 considered lost; the next ``reset`` creates a fresh one.
+
+Limits. Each attempt of a request has a total deadline of ``timeout`` seconds (a body trickled in slowly does not
+extend it), and an answer longer than ``max_response_bytes`` or nested deeper than ``max_json_depth`` raises
+:class:`EnvServerError`. Flags are read strictly: ``done`` must be a JSON boolean (``0``/``1`` and the strings
+``"true"``/``"false"`` are read as such); anything else raises.
 
 Retries. A request that never reached the server (connection refused, connect timeout) and HTTP 503 are retried
 ``retries`` times with exponential backoff; a read timeout or a dropped connection is not, since the server may
@@ -58,6 +64,12 @@ __all__ = ["AgentGymEnv", "EnvServerError"]
 log = logging.getLogger(__name__)
 
 _MAX_SHOWN = 300  # characters of a bad answer quoted in an error message
+_CHUNK = 65536  # bytes read from a response per call
+_FLAGS = {"true": True, "false": False}
+
+# base URL + prefix -> whether the server's OpenAPI schema lists POST {prefix}/close (one GET per server)
+_CLOSE_SCHEMA: dict[str, bool] = {}
+_CLOSE_SCHEMA_LOCK = threading.Lock()
 
 
 class EnvServerError(RuntimeError):
@@ -109,6 +121,17 @@ def _short(value: Any) -> str:
     return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + f"... ({len(text)} chars)"
 
 
+def _depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, d + 1)
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -136,7 +159,7 @@ class AgentGymEnv:
         port: server port when ``base_url`` is not given (default: the spec's ``default_port``).
         host: server host when ``base_url`` is not given.
         protocol: ``"id"`` or ``"env_idx"``; default: the env's own request shape from the spec.
-        timeout: seconds to wait for an answer (the read timeout of every request).
+        timeout: seconds to wait for an answer: the total deadline of each attempt of a request, headers and body.
         retries: extra attempts for requests that never reached the server, and for HTTP 503.
         connect_timeout: seconds to wait for a TCP connection.
         retry_backoff: first retry delay in seconds; doubles per attempt.
@@ -144,6 +167,8 @@ class AgentGymEnv:
         spec: further spec field overrides (see ``envs.yaml``), e.g. ``{"reward_cumulative": True}``.
         trust_env: let requests read proxy settings from the environment (off: env servers are usually local
             and a proxy variable would swallow the requests).
+        max_response_bytes: a longer answer raises :class:`EnvServerError`.
+        max_json_depth: an answer nested deeper raises :class:`EnvServerError`.
 
     Attributes: ``instruction`` (task family and action syntax), ``num_tasks`` (size of the data range),
     ``spec``, ``base_url``.
@@ -164,6 +189,8 @@ class AgentGymEnv:
         data_range: tuple[int, int] | list[int] | None = None,
         spec: Mapping[str, Any] | None = None,
         trust_env: bool = False,
+        max_response_bytes: int = 16 << 20,
+        max_json_depth: int = 64,
     ):
         overrides = dict(spec or {})
         if data_range is not None:
@@ -190,8 +217,13 @@ class AgentGymEnv:
         self.retries = int(retries)
         self.retry_backoff = float(retry_backoff)
         self.trust_env = trust_env
+        if int(max_response_bytes) < 1 or int(max_json_depth) < 1:
+            raise ValueError(f"AgentGym env {env_name!r}: max_response_bytes and max_json_depth must be >= 1, "
+                             f"got {max_response_bytes}, {max_json_depth}")
+        self.max_response_bytes = int(max_response_bytes)
+        self.max_json_depth = int(max_json_depth)
         self.instruction: str = self.spec.instruction
-        self.num_tasks: int = self.spec.num_tasks
+        self.num_tasks: int | None = self.spec.num_tasks
 
         self._local = threading.local()
         self._sessions: list[requests.Session] = []
@@ -211,7 +243,8 @@ class AgentGymEnv:
     def reset(self, task_id: int | None = None, seed: int | None = None) -> str:
         """Start task ``task_id`` (data index ``data_range[0] + task_id``) and return its first observation.
 
-        ``task_id=None`` picks ``seed % num_tasks`` (0 without a seed). AgentGym servers are deterministic per
+        ``task_id=None`` picks ``seed % num_tasks`` (``seed`` when the range is unbounded; 0 without a seed).
+        AgentGym servers are deterministic per
         data index, so the seed does not change a given task.
         """
         data_idx = self._data_index(task_id, seed)
@@ -268,7 +301,7 @@ class AgentGymEnv:
                 self._stale = True
             raise
         value = float(value) * self.spec.reward_scale
-        done = any(bool(answer.get(k)) for k in self.spec.done_key)
+        done = any(self._flag(answer, k) for k in self.spec.done_key)
         with self._lock:
             if self.spec.reward_cumulative:
                 reward, self._last_cumulative = value - self._last_cumulative, value
@@ -295,7 +328,7 @@ class AgentGymEnv:
             env_id, self._env_id = self._env_id, None
             self._stale = False
         try:
-            if env_id is not None and self.spec.has_close:
+            if env_id is not None and self._has_close():
                 self._request("POST", "/close", {self.spec.id_key: env_id},
                               timeout=min(self.timeout, 5.0), retries=0)
         except Exception as exc:  # close must not raise: it also runs after the server already failed
@@ -336,19 +369,50 @@ class AgentGymEnv:
     # ------------------------------------------------------------------------------------------ internals
     def _data_index(self, task_id: Any, seed: Any) -> int:
         start, end = self.spec.data_range
-        n = end - start
+        n = None if end is None else end - start
         if task_id is None:
-            t = 0 if seed is None else operator.index(seed) % n
+            t = 0 if seed is None else operator.index(seed) % n if n else abs(operator.index(seed))
         else:
             if isinstance(task_id, bool):
                 raise TypeError(f"AgentGym env {self.env_name!r}: task_id must be an int, got {task_id!r}")
             t = operator.index(task_id)  # accepts numpy integers from parquet rows
-            if not 0 <= t < n:
+            if t < 0 or (n is not None and t >= n):
+                allowed = f"[0, {n}) (data indices {start}..{end - 1})" if n is not None else "[0, inf)"
                 raise ValueError(
-                    f"AgentGym env {self.env_name!r}: task_id {t} is outside [0, {n}) (data indices {start}..{end - 1}); "
+                    f"AgentGym env {self.env_name!r}: task_id {t} is outside {allowed}; "
                     f"lower train_tasks/val_tasks or pass data_range=[start, end] to the env."
                 )
         return start + t
+
+    def _flag(self, answer: Mapping[str, Any], key: str) -> bool:
+        """``answer[key]`` as a strict boolean (missing: False); a value that is no flag raises."""
+        value = answer.get(key, False)
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _FLAGS:
+            return _FLAGS[value.strip().lower()]
+        raise self._error(f"/step {key!r} = {_short(value)} is not a boolean", "/step")
+
+    def _has_close(self) -> bool:
+        """The spec's ``has_close``, or whether the server's OpenAPI schema lists ``POST {prefix}/close``."""
+        if self.spec.has_close is not None:
+            return self.spec.has_close
+        with _CLOSE_SCHEMA_LOCK:
+            known = _CLOSE_SCHEMA.get(self.url)
+        if known is None:
+            try:
+                schema = self._request("GET", "/openapi.json", timeout=min(self.timeout, 5.0), retries=0, root=True)
+                paths = schema.get("paths") if isinstance(schema, Mapping) else None
+                entry = paths.get(self.spec.prefix + "/close") if isinstance(paths, Mapping) else None
+                known = isinstance(entry, Mapping) and "post" in entry
+            except EnvServerError as exc:  # no schema: assume no /close; asked again next time
+                log.debug("%r: no OpenAPI schema (%s); not closing server-side envs", self, exc)
+                return False
+            with _CLOSE_SCHEMA_LOCK:
+                _CLOSE_SCHEMA[self.url] = known
+        return known
 
     def _create(self) -> Any:
         answer = self._request("POST", "/create", self.spec.create_body)
@@ -417,24 +481,30 @@ class AgentGymEnv:
         return EnvServerError(message, env_name=self.env_name, url=self.url + path, cause=cause)
 
     def _request(self, method: str, path: str, body: Any = None, *, params: Mapping[str, Any] | None = None,
-                 timeout: float | None = None, retries: int | None = None) -> Any:
-        """One JSON request with retries; returns the decoded answer or raises :class:`EnvServerError`."""
-        url = self.url + path
+                 timeout: float | None = None, retries: int | None = None, root: bool = False) -> Any:
+        """One JSON request with retries; returns the decoded answer or raises :class:`EnvServerError`.
+
+        ``root``: ``path`` is taken from the server root, not below the env's prefix.
+        """
+        url = (self.base_url if root else self.url) + path
         attempts = 1 + (self.retries if retries is None else retries)
         read_timeout = self.timeout if timeout is None else timeout
         for attempt in range(attempts):
             last = attempt == attempts - 1
             session = self._session()
+            deadline = time.monotonic() + read_timeout
             try:
-                response = session.request(method, url, json=body, params=params,
+                response = session.request(method, url, json=body, params=params, stream=True,
                                             timeout=(self.connect_timeout, read_timeout))
-            except requests.RequestException as exc:
+                with response:
+                    content = self._read_body(response, deadline, method, path, read_timeout)
+            except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
                 if _never_sent(exc) and not last:
                     time.sleep(self.retry_backoff * 2**attempt)
                     continue
                 if isinstance(exc, requests.exceptions.ConnectTimeout):
                     why = f"could not connect within {self.connect_timeout:g}s"
-                elif isinstance(exc, requests.exceptions.Timeout):
+                elif isinstance(exc, (requests.exceptions.Timeout, urllib3.exceptions.ReadTimeoutError)):
                     why = f"no answer within {read_timeout:g}s (timeout)"
                 elif _never_sent(exc):
                     why = "connection refused (is the server running?)"
@@ -445,13 +515,41 @@ class AgentGymEnv:
             if response.status_code == 503 and not last:
                 time.sleep(self.retry_backoff * 2**attempt)
                 continue
+            text = content.decode(response.encoding or "utf-8", errors="replace")
             if not 200 <= response.status_code < 300:
-                raise self._error(f"{method} {path}: HTTP {response.status_code}: {_short(response.text)}", path)
+                raise self._error(f"{method} {path}: HTTP {response.status_code}: {_short(text)}", path)
             try:
-                data = response.json()
+                data = json.loads(text)
             except ValueError as exc:
-                raise self._error(f"{method} {path}: answer is not JSON: {_short(response.text)}", path, exc) from None
+                raise self._error(f"{method} {path}: answer is not JSON: {_short(text)}", path, exc) from None
+            except RecursionError:
+                data = None  # deeper than the decoder's stack: over any depth limit
+            if data is None and text.strip() != "null" or _depth(data) > self.max_json_depth:
+                raise self._error(f"{method} {path}: answer is nested deeper than max_json_depth="
+                                  f"{self.max_json_depth}: {_short(text)}", path)
             if isinstance(data, Mapping) and data.get("error") is not None:
                 raise self._error(f"{method} {path}: server error: {_short(data['error'])}", path)
             return data
         raise AssertionError("unreachable")  # the last attempt always returns or raises
+
+    def _read_body(self, response: requests.Response, deadline: float, method: str, path: str,
+                   read_timeout: float) -> bytes:
+        """The whole body, read in pieces as they arrive, within ``deadline`` and ``max_response_bytes``."""
+        size = response.headers.get("Content-Length", "")
+        if size.isdigit() and int(size) > self.max_response_bytes:
+            raise self._error(f"{method} {path}: answer of {int(size)} bytes is over max_response_bytes="
+                              f"{self.max_response_bytes}", path)
+        parts, total = [], 0
+        raw = response.raw
+        while True:
+            if time.monotonic() > deadline:
+                raise self._error(f"{method} {path}: no complete answer within {read_timeout:g}s (timeout; "
+                                  f"{total} bytes arrived)", path)
+            piece = raw.read1(_CHUNK, decode_content=True)  # what has arrived, at most one wait of read_timeout
+            if not piece:
+                return b"".join(parts)
+            total += len(piece)
+            if total > self.max_response_bytes:
+                raise self._error(f"{method} {path}: answer is over max_response_bytes={self.max_response_bytes}",
+                                  path)
+            parts.append(piece)

@@ -36,17 +36,19 @@ class EnvSpec:
     reward_scale: float
     done_key: tuple[str, ...]
     success_threshold: float | None
-    has_close: bool
+    has_close: bool | None
     health_path: str
     default_port: int
-    data_range: tuple[int, int]
+    data_range: tuple[int, int | None]
     command: str | list[str] | None
     health_timeout: float
     instruction: str
 
     @property
-    def num_tasks(self) -> int:
-        return self.data_range[1] - self.data_range[0]
+    def num_tasks(self) -> int | None:
+        """How many data indices the server accepts; None when it accepts any index from ``data_range[0]`` on."""
+        start, end = self.data_range
+        return None if end is None else end - start
 
 
 FIELD_NAMES = tuple(f.name for f in fields(EnvSpec))
@@ -120,10 +122,13 @@ def _build(d: dict[str, Any]) -> EnvSpec:
     if missing:
         raise ValueError(f"AgentGym env {name!r}: spec is missing {missing} (check {SPEC_FILE}).")
     rng = d["data_range"]
-    if not (isinstance(rng, (list, tuple)) and len(rng) == 2 and all(isinstance(x, int) for x in rng)):
-        raise bad("data_range", "must be [start, end] integers")
-    if not 0 <= rng[0] < rng[1]:
+    if not (isinstance(rng, (list, tuple)) and len(rng) == 2 and isinstance(rng[0], int)
+            and (rng[1] is None or isinstance(rng[1], int))):
+        raise bad("data_range", "must be [start, end] integers (end null: no upper bound)")
+    if not (0 <= rng[0] and (rng[1] is None or rng[0] < rng[1])):
         raise bad("data_range", "must satisfy 0 <= start < end")
+    if d["has_close"] not in (None, True, False):
+        raise bad("has_close", "must be true, false or null (null: read it from the server's OpenAPI schema)")
     done = d["done_key"]
     done_keys = (done,) if isinstance(done, str) else tuple(done)
     if not done_keys or not all(isinstance(k, str) and k for k in done_keys):
@@ -153,10 +158,10 @@ def _build(d: dict[str, Any]) -> EnvSpec:
         reward_scale=float(d["reward_scale"]),
         done_key=done_keys,
         success_threshold=None if threshold is None else float(threshold),
-        has_close=bool(d["has_close"]),
+        has_close=d["has_close"],
         health_path=health,
         default_port=int(d["default_port"]),
-        data_range=(int(rng[0]), int(rng[1])),
+        data_range=(int(rng[0]), None if rng[1] is None else int(rng[1])),
         command=d["command"],
         health_timeout=float(d["health_timeout"]),
         instruction=str(d["instruction"] or ""),

@@ -108,7 +108,8 @@ def test_every_agentgym_env_has_a_spec_an_entry_point_and_a_config():
         assert spec.protocol in ("id", "env_idx") and spec.command and "{port}" in spec.command
         env = registry("env").build(f"agentgym_{name}")  # lazy: no server needed until reset
         assert isinstance(env, AgentGymEnv) and isinstance(env, Env)
-        assert env.spec.name == name and env.num_tasks == spec.num_tasks > 0 and env.instruction
+        assert env.spec.name == name and env.num_tasks == spec.num_tasks and env.instruction
+        assert spec.num_tasks is None or spec.num_tasks > 0  # None: the server accepts any index
         env.close()
 
         cfg = OmegaConf.load(PKG / "configs" / "env" / f"agentgym_{name}.yaml")
@@ -116,7 +117,7 @@ def test_every_agentgym_env_has_a_spec_an_entry_point_and_a_config():
         kwargs = OmegaConf.to_container(cfg.kwargs, resolve=True)
         assert kwargs["launcher"]["command"] == spec.command
         assert kwargs["launcher"]["base_port"] == kwargs["base_port"]
-        assert cfg.num_tasks == spec.num_tasks and cfg.train_tasks >= 1 and cfg.max_turns >= 1
+        assert cfg.num_tasks == (spec.num_tasks or cfg.num_tasks) and cfg.train_tasks >= 1 and cfg.max_turns >= 1
         built = registry("env").build(cfg.name, **kwargs)  # the config's kwargs are accepted as they are
         assert built.base_url == f"http://127.0.0.1:{kwargs['base_port']}"
         built.close()

@@ -1,0 +1,86 @@
+"""Env services: what an env needs running before its first episode (servers), owned by the driver process.
+
+An env entry point (class or factory in the ``openmanus_rl.envs`` group) may have a ``serve(**kwargs)`` method
+returning an :class:`EnvService`. The driver of a command (``train``, ``rollout``, ``data verify``) calls
+:func:`open_env_service` once, before any model or tokenizer is built: the service checks that the env's servers
+answer (or starts them, and is then their only owner: the one process that restarts them), and hands back the
+keyword arguments every env is then built with, in this process and in every worker. Those arguments reach the
+servers by URL; they never start one. Envs without ``serve`` run in-process and keep their kwargs unchanged.
+
+:class:`EnvUnavailableError` is the one error for "this env cannot be used at all" (its server is down, or every
+episode of several steps failed on it); the command line prints its message on one line and exits with status 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+__all__ = ["EnvService", "EnvUnavailableError", "EnvErrorWatch", "open_env_service"]
+
+
+class EnvUnavailableError(RuntimeError):
+    """The env cannot be used: its server does not answer or cannot be started, or every episode failed."""
+
+
+@dataclass
+class EnvService:
+    """What :func:`open_env_service` returns: the kwargs envs are built with, and how to stop what it started.
+
+    ``kwargs``: keyword arguments for the env's factory, in the driver and in every worker.
+    ``stop``: stops the servers the service started (nothing for servers it only checked); idempotent.
+    ``check``: waits until the servers answer again (a restart in progress) or raises :class:`EnvUnavailableError`
+    naming the ones that do not; None for envs with nothing to check.
+    """
+
+    kwargs: dict[str, Any]
+    stop: Callable[[], None] = field(default=lambda: None)
+    check: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        self.stop()
+
+
+def open_env_service(name: str, factory: Any, kwargs: Mapping[str, Any]) -> EnvService:
+    """``factory.serve(**kwargs)`` when the env has one (it raises :class:`EnvUnavailableError` when the env's
+    servers cannot be reached or started), else the kwargs unchanged. ``name`` labels messages."""
+    serve = getattr(factory, "serve", None)
+    if not callable(serve):
+        return EnvService(dict(kwargs))
+    service = serve(**dict(kwargs))
+    if not isinstance(service, EnvService):
+        raise TypeError(f"env {name!r}: serve() returned {type(service).__name__}, not an EnvService")
+    return service
+
+
+class EnvErrorWatch:
+    """Counts consecutive steps on which every episode ended as ``env_error``; raises after ``limit`` of them.
+
+    ``limit`` 0 turns the watch off. :meth:`update` takes the step's terminations (one per episode). With a
+    ``check`` (:attr:`EnvService.check`), the first time the streak reaches the limit the watch asks it first: a
+    server that was being restarted and answers again gives the run another ``limit`` steps (a check that fails
+    aborts at once); a second streak without a working step in between aborts.
+    """
+
+    def __init__(self, limit: int, check: Callable[[], None] | None = None):
+        if int(limit) < 0:
+            raise ValueError(f"trainer.max_env_error_steps must be >= 0 (0: never abort), got {limit}")
+        self.limit = int(limit)
+        self.check = check
+        self.streak = 0
+        self.rechecked = False
+
+    def update(self, step: int, terminations: list[str], errors: list[str | None]) -> None:
+        failed = bool(terminations) and all(t == "env_error" for t in terminations)
+        self.streak = self.streak + 1 if failed else 0
+        self.rechecked = self.rechecked and failed
+        if self.limit and self.streak >= self.limit and self.check is not None and not self.rechecked:
+            self.check()  # raises when the servers are gone for good
+            self.streak, self.rechecked = 0, True
+            return
+        if self.limit and self.streak >= self.limit:
+            first = next((e for e in errors if e), "no message")
+            raise EnvUnavailableError(
+                f"every episode of the last {self.streak} steps (up to step {step}) ended as env_error, so nothing "
+                f"trains; the first error: {first}. Check the env's server (trainer.max_env_error_steps="
+                f"{self.limit}; 0 never aborts)")
