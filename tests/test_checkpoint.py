@@ -115,6 +115,18 @@ def test_keep_last_prunes_older_checkpoints(tmp_path):
         ck.prune_checkpoints(tmp_path, 0)
 
 
+def test_a_newer_incomplete_step_never_makes_pruning_delete_the_usable_checkpoints(tmp_path):
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, {"step": step})
+    root = tmp_path / "checkpoints"
+    (root / "step_000003").mkdir()  # a save interrupted before its marker, newer than every complete one
+    (root / "step_000003" / "model.pt").write_bytes(b"partial")
+    assert ck.prune_checkpoints(tmp_path, 1) == [root / "step_000001"]
+    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [2, 3]
+    assert latest_checkpoint(tmp_path) == root / "step_000002"
+    assert load_checkpoint(tmp_path)["step"] == 2
+
+
 def test_unsafe_values_are_refused_before_writing(tmp_path):
     with pytest.raises(CheckpointError, match=r"state\['rng'\]\['np'\]: numpy array int64\[3\]"):
         save_checkpoint(tmp_path, 1, {"rng": {"np": np.arange(3)}})

@@ -320,6 +320,27 @@ def test_token_limits_are_recorded(model, tok, env_log):
     assert len(ep.prompt_ids) == 20 and ep.truncated and ep.trajectory.info["prompt_truncated"]
 
 
+def test_the_response_budget_ends_an_episode_whose_observation_leaves_no_room_for_a_reply(tok, env_log):
+    reply = tok.encode("hi there", add_special_tokens=False) + [tok.eos_token_id]
+    delta = ChatDelta(tok).obs_ids(tok.encode("step 1 of 3", add_special_tokens=False), reply)
+    log, release = env_log
+
+    def run(budget):
+        loop = AgentLoop(ScriptedEngine(tok, reply), tok, PlainTemplate(), lambda: CountEnv(log, release, 3),
+                         RolloutConfig(max_turns=5, max_new_tokens=20, max_response_tokens=budget))
+        return loop.run([{"task_id": 0, "seed": 0}])[0]
+
+    # The first observation fills the budget exactly: it is not appended, and no empty turn follows.
+    ep = run(len(reply) + len(delta))
+    assert ep.trajectory.termination == "truncated" and ep.truncated
+    assert ep.trajectory.num_turns == 1 and ep.response_ids == reply and ep.response_mask == [1] * len(reply)
+    # One token more: the observation fits and the second reply is cut to that one token.
+    ep = run(len(reply) + len(delta) + 1)
+    assert ep.trajectory.termination == "truncated" and ep.trajectory.num_turns == 2
+    assert ep.response_ids == reply + delta + reply[:1]
+    assert ep.response_mask == [1] * len(reply) + [0] * len(delta) + [1]
+
+
 def test_exact_layout_with_scripted_replies(tok, env_log):
     chat = ChatDelta(tok)
     hi = tok.encode("hi there", add_special_tokens=False)

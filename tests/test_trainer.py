@@ -176,6 +176,86 @@ def test_ppo_with_the_critic_trains_a_few_steps(ray_local, tmp_path):
     assert set(state["critic"]) == {"model", "optimizer", "scheduler"}
 
 
+# ------------------------------------------------------------------------------------- phases, by value
+class _RecordingEstimator:
+    """Wraps the configured advantage estimator; keeps the batch it receives and the advantages it returns."""
+
+    def __init__(self, monkeypatch):
+        from openmanus_rl_core.registry import registry
+
+        self.calls: list[dict] = []
+        real_get = registry("advantage").get
+        monkeypatch.setattr(registry("advantage"), "get", lambda name: self._wrap(real_get(name)))
+
+    def _wrap(self, estimator):
+        def recording(batch, **cfg):
+            advantages, returns = estimator(batch, **cfg)
+            self.calls.append({"batch": {k: batch[k].clone() for k in batch.tensors}, "advantages": advantages})
+            return advantages, returns
+
+        return recording
+
+
+def _one_step(tmp_path, monkeypatch, overrides: list[str]) -> tuple[dict, dict]:
+    """One GRPO step on word_copy after a 2-step warm-up (the policy then differs from the reference), nothing
+    else: returns the batch the estimator received (with its advantages) and the step's logged metrics."""
+    from openmanus_rl_core.trainer import train
+
+    recorder = _RecordingEstimator(monkeypatch)
+    run_dir = tmp_path / "run"
+    cfg = compose(["env=word_copy", "algorithm=grpo", *SMALL, "trainer.total_steps=1", "trainer.val_freq=0",
+                   "trainer.val_before_train=false", "trainer.val_at_end=false", "trainer.save_at_end=false",
+                   "warmup.lr=0.01", f"trainer.run_dir={run_dir}", *overrides])
+    assert train(cfg) == 0
+    assert len(recorder.calls) == 1
+    (record,) = [r for r in _records(run_dir) if r["step"] == 1]
+    return recorder.calls[0], record
+
+
+def _masked_abs_mean(x, mask) -> float:
+    m = mask.bool()
+    return float(x[m].abs().mean())
+
+
+@pytest.mark.slow
+def test_the_kl_reward_penalty_is_subtracted_before_the_advantages(ray_local, tmp_path, monkeypatch):
+    import torch
+
+    from openmanus_rl_core.algorithms import kl_penalty
+
+    seen, record = _one_step(tmp_path, monkeypatch, ["algorithm.use_kl_in_reward=true",
+                                                     "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.kl_penalty=k1"])
+    b = seen["batch"]
+    mask = b["response_mask"]
+    kl = kl_penalty(b["old_log_probs"], b["ref_log_probs"], "k1") * mask
+    assert float(kl.abs().max()) > 1e-3  # the warm-up moved the policy away from the reference
+    torch.testing.assert_close(b["token_level_rewards"], b["token_level_scores"] - 0.5 * kl)
+    assert record["actor/kl_coef"] == 0.5
+    per_seq = (kl.sum(-1) / mask.sum(-1).clamp_min(1))
+    assert record["actor/reward_kl"] == pytest.approx(float(per_seq.mean()), rel=1e-5, abs=1e-7)
+    # What the estimator returned is what is logged.
+    adv = seen["advantages"]
+    assert record["train/advantages_abs_mean"] == pytest.approx(_masked_abs_mean(adv, mask), rel=1e-6)
+    assert record["train/advantages_mean"] == pytest.approx(float(adv[mask.bool()].mean()), rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.slow
+def test_auto_old_log_probs_are_recomputed_for_a_multi_epoch_update(ray_local, tmp_path, monkeypatch):
+    # An entropy bonus moves the policy in the first epoch even where every advantage is 0.
+    seen, record = _one_step(tmp_path, monkeypatch, ["actor.ppo_epochs=2", "algorithm.recompute_old_log_probs=auto",
+                                                     "algorithm.entropy_coeff=0.01"])
+    b = seen["batch"]
+    mask = b["response_mask"].bool()
+    assert "old_log_probs" in b  # recomputed by the actor before the update
+    # The actor's old log-probs are the ones the engine sampled with (same weights, same numbers)...
+    assert record["actor/rollout_logprob_diff"] < 1e-3
+    # ...and the second epoch is off-policy against them: the ratio left 1.
+    assert record["actor/num_updates"] == 2
+    assert abs(record["actor/ppo_kl"]) > 0
+    assert record["train/advantages_abs_mean"] == pytest.approx(_masked_abs_mean(seen["advantages"], mask),
+                                                                rel=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------- kill -9
 def _cli(run_dir: Path, extra: list[str]) -> list[str]:
     return [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_door", *SMALL,

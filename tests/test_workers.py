@@ -139,6 +139,78 @@ def test_update_moves_the_policy_and_sync_pushes_it_into_the_engine(actor):
         assert torch.equal(after[k], v), k
 
 
+LEAN = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
+
+
+def test_an_off_policy_update_takes_its_ratio_against_the_old_log_probs(actor):
+    batch, _ = _rollout_batch(actor)
+    now = actor.compute_log_probs(batch.select(LEAN), with_ref=False)["old_log_probs"]
+    batch["advantages"] = batch["response_mask"].clone()  # A = +1 on every trained token
+    batch["old_log_probs"] = now - 0.5  # ratio e^0.5 = 1.65 on every token: above 1 + clip_high
+    m = actor.update(batch, step=3, algo={"loss_cfg": {"clip_low": 0.2, "clip_high": 0.2}})
+    # Every token clipped at 1 + clip_high: loss -1.2, no gradient, approx_kl = mean(old - new) = -0.5.
+    assert m["actor/pg_clipfrac"] == 1.0
+    assert m["actor/pg_loss"] == pytest.approx(-1.2, abs=1e-5)
+    assert m["actor/ppo_kl"] == pytest.approx(-0.5, abs=1e-4)
+    assert m["actor/grad_norm"] == 0.0
+
+
+def _sgd_like(model_dir, dist_group, **actor):
+    """A fresh actor whose first AdamW step is plain gradient descent with step size 1: with ``lr = eps`` far above
+    every gradient entry, ``theta -= lr * g / (|g| + eps) = g / (1 + |g| / eps)``. Its parameters move by exactly
+    the gradient the optimizer was given."""
+    cfg = _cfg()
+    cfg["actor"].update({"lr": 1e4, "eps": 1e4, **actor})
+    w = ActorWorker(cfg, rank=0, world_size=1, model_dir=model_dir, total_steps=10)
+    w.setup(*dist_group)
+    return w
+
+
+def _flat(worker) -> torch.Tensor:
+    """Every trainable parameter of the (FSDP2-sharded, one-rank) training model, flattened into one vector."""
+    return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().flatten().clone()
+                      for p in worker.model.parameters()])
+
+
+def _update_delta(worker, batch, step=1):
+    before = _flat(worker)
+    metrics = worker.update(batch, step=step, algo={})
+    return _flat(worker) - before, metrics
+
+
+def test_gradient_clipping_scales_the_step_the_optimizer_takes(model_dir, dist_group, actor):
+    batch, _ = _rollout_batch(actor)
+    batch["advantages"] = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(0)) \
+        * batch["response_mask"]
+    free, m_free = _update_delta(_sgd_like(model_dir, dist_group, grad_clip=0.0), batch)
+    clipped, m_clip = _update_delta(_sgd_like(model_dir, dist_group, grad_clip=0.01), batch)
+    norm = m_free["actor/grad_norm"]
+    assert norm > 0.1  # far above the clip, so clipping has to act
+    assert float(free.norm()) == pytest.approx(norm, rel=1e-3)  # unclipped: the step is the whole gradient
+    assert m_clip["actor/grad_norm"] == pytest.approx(norm, rel=1e-5)  # the reported norm is the pre-clip one
+    assert float(clipped.norm()) == pytest.approx(0.01, rel=1e-3)  # the step that was taken is the clipped one
+    torch.testing.assert_close(clipped, free * (0.01 / norm), rtol=1e-3, atol=3e-7)  # same direction (to fp32 rounding)
+
+
+def test_a_micro_batched_update_equals_the_unsplit_one(model_dir, dist_group, actor):
+    batch, _ = _rollout_batch(actor)
+    mask = batch["response_mask"].clone()
+    mask[:3, 2:] = 0  # the first micro-batch of 3 rows gets far fewer tokens than the others
+    batch["response_mask"] = mask
+    parts = [float(mask[i:i + 3].sum()) for i in range(0, len(batch), 3)]
+    assert len(parts) == 3 and len(set(parts)) == 3, parts  # unequal token shares, else any weighting agrees
+    batch["advantages"] = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    now = actor.compute_log_probs(batch.select(LEAN), with_ref=False)["old_log_probs"]
+    batch["old_log_probs"] = now + 0.3 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
+    whole, m_whole = _update_delta(_sgd_like(model_dir, dist_group, grad_clip=0.0), batch)
+    split, m_split = _update_delta(_sgd_like(model_dir, dist_group, grad_clip=0.0, micro_batch_size=3), batch)
+    assert float(whole.abs().max()) > 0
+    torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-7)
+    for key in ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl",
+                "actor/grad_norm"):
+        assert m_split[key] == pytest.approx(m_whole[key], rel=1e-5, abs=1e-7), key
+
+
 def test_a_nan_loss_skips_the_optimizer_step_and_is_counted(actor):
     batch, _ = _rollout_batch(actor)
     batch["advantages"] = torch.ones(batch["response_mask"].shape) * batch["response_mask"]

@@ -109,6 +109,21 @@ def test_policy_loss_separate_high_clip():
     close(loss, (-1.28 - 0.5 + 1.5 + 0.9) / 4)
 
 
+@pytest.mark.parametrize("ratio, adv, expected", [
+    (1.5, 1.0, -1.28),  # above 1 + clip_high: clipped to 1.28
+    (1.2, 1.0, -1.2),  # inside [1 - clip_low, 1 + clip_high]: unclipped
+    (0.5, -1.0, 0.9),  # below 1 - clip_low: clipped to 0.9
+    (0.8, -1.0, 0.9),
+    (0.95, -1.0, 0.95),  # inside: unclipped
+    (0.5, 1.0, -0.5),  # a lower ratio with A > 0 is never clipped up
+])
+def test_policy_loss_clips_each_token_at_its_own_bound(ratio, adv, expected):
+    # One token at a time: a mean over several tokens can hide swapped bounds (their errors cancel).
+    loss, _ = policy_loss(torch.zeros(1, 1), torch.log(T([[ratio]])), T([[adv]]), torch.ones(1, 1),
+                          clip_low=0.1, clip_high=0.28)
+    close(loss, expected)
+
+
 def test_policy_loss_gradient_flows_only_through_unclipped_tokens():
     logprob = torch.log(RATIOS).requires_grad_(True)
     loss, _ = policy_loss(OLD, logprob, ADV, ALL, clip_c=3.0)
