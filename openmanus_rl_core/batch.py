@@ -7,18 +7,13 @@ In the spirit of verl's ``DataProto``, with three parts:
   (strings, numbers, lists, dicts);
 - ``meta``: ``dict``, run-level values that are not per sample (temperature, global step, ...).
 
-Every operation that selects rows (indexing, ``chunk``, ``split``, ``repeat``, ``concat``) applies the same row
-selection to ``tensors`` and ``non_tensors`` and keeps ``meta`` as is. Operations return new ``Batch`` objects; the
-tensors they hold may be views of the original ones (as with torch slicing).
-
-Saving is pickle-free: ``save`` writes one ``torch.save`` file holding the tensors plus the non-tensor data and
-``meta`` encoded as JSON strings, and ``load`` reads it back with ``torch.load(weights_only=True)``.
+Every operation that selects rows (indexing, ``chunk``, ``split``, ``concat``) applies the same row selection to
+``tensors`` and ``non_tensors`` and keeps ``meta`` as is. Operations return new ``Batch`` objects; the tensors they
+hold may be views of the original ones (as with torch slicing).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -26,9 +21,6 @@ import numpy as np
 import torch
 
 __all__ = ["Batch", "MissingKeyError"]
-
-_FORMAT_VERSION = 1
-
 
 class MissingKeyError(KeyError):
     """A required batch field is absent. Subclasses KeyError; its message is printed verbatim (not repr-quoted)."""
@@ -97,29 +89,6 @@ def _merge_meta(metas: Sequence[Mapping[str, Any]], what: str) -> dict:
     return merged
 
 
-def _jsonable(value: Any, where: str) -> Any:
-    """Plain-JSON form of a value; numpy scalars/arrays become Python numbers/lists, tuples become lists."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return [_jsonable(v, where) for v in value.tolist()]
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, where) for v in value]
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise TypeError(f"cannot save {where}: dict key {k!r} is not a string (JSON keys must be strings)")
-            out[k] = _jsonable(v, where)
-        return out
-    raise TypeError(
-        f"cannot save {where}: value of type {type(value).__name__} is not JSON-serialisable; "
-        "Batch.save stores non-tensor data as JSON (str, int, float, bool, None, list, dict), never pickle"
-    )
-
-
 class Batch:
     """Per-sample tensors and Python values sharing a batch dimension, plus run-level ``meta``.
 
@@ -173,10 +142,6 @@ class Batch:
             return int(v.shape[0])
         return 0
 
-    @property
-    def batch_size(self) -> int:
-        return len(self)
-
     def keys(self) -> list[str]:
         """All field names: tensor keys first, then non-tensor keys."""
         return [*self.tensors, *self.non_tensors]
@@ -219,11 +184,6 @@ class Batch:
                 f"{sorted(self.tensors)} and non_tensors {sorted(self.non_tensors)}"
             )
 
-    def get(self, key: str, default: Any = None) -> Any:
-        if key in self.tensors:
-            return self.tensors[key]
-        return self.non_tensors.get(key, default)
-
     def __setitem__(self, key: str, value: Any) -> None:
         """``batch["name"] = value``: a tensor goes to ``tensors``, anything else to ``non_tensors``."""
         if not isinstance(key, str):
@@ -250,10 +210,6 @@ class Batch:
                 return self.non_tensors[item]
             self.require(item, who="batch[...]")
         return self._take(item)
-
-    def pop(self, key: str) -> Any:
-        self.require(key, who="Batch.pop")
-        return self.tensors.pop(key) if key in self.tensors else self.non_tensors.pop(key)
 
     # ------------------------------------------------------------------------------------------ row access
     def _row_index(self, item: Any) -> slice | torch.Tensor:
@@ -353,38 +309,10 @@ class Batch:
         meta = _merge_meta([b.meta for b in batches], "Batch.concat")
         return first._new(tensors, non_tensors, meta)
 
-    def repeat(self, n: int, interleave: bool = True) -> Batch:
-        """Each row ``n`` times: interleaved ``a,a,b,b`` (GRPO groups, the default) or tiled ``a,b,a,b``."""
-        if not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"repeat(n) needs a positive int, got {n!r}")
-        n = int(n)
-        if interleave:
-            tensors = {k: v.repeat_interleave(n, dim=0) for k, v in self.tensors.items()}
-            non_tensors = {k: np.repeat(v, n) for k, v in self.non_tensors.items()}
-        else:
-            tensors = {k: v.repeat(n, *([1] * (v.dim() - 1))) for k, v in self.tensors.items()}
-            non_tensors = {k: np.tile(v, n) for k, v in self.non_tensors.items()}
-        return self._new(tensors, non_tensors)
-
-    def union(self, other: Batch) -> Batch:
-        """A new batch with the fields of both. A key present in both must hold equal values, else ValueError."""
-        if len(self.keys()) and len(other.keys()) and len(self) != len(other):
-            raise ValueError(f"Batch.union: sizes differ ({len(self)} vs {len(other)})")
-        tensors, non_tensors = dict(self.tensors), dict(self.non_tensors)
-        for kind, theirs, ours, opposite in (("tensor", other.tensors, tensors, non_tensors),
-                                             ("non-tensor", other.non_tensors, non_tensors, tensors)):
-            for key, value in theirs.items():
-                if key in opposite:
-                    raise ValueError(f"Batch.union: {key!r} is a tensor in one batch and a non-tensor in the other")
-                if key in ours and not _values_equal(ours[key], value):
-                    raise ValueError(f"Batch.union: {kind} {key!r} differs between the two batches")
-                ours[key] = value
-        return self._new(tensors, non_tensors, _merge_meta([self.meta, other.meta], "Batch.union"))
-
     def pad_to_divisor(self, divisor: int) -> tuple[Batch, int]:
         """Append rows (copies of the first rows, cyclically) so that ``len`` divides by ``divisor``.
 
-        Returns ``(padded_batch, pad_size)``; ``padded.unpad(pad_size)`` gives the original rows back.
+        Returns ``(padded_batch, pad_size)``; the first ``len(self)`` rows of ``padded_batch`` are the original ones.
         """
         if not isinstance(divisor, (int, np.integer)) or divisor < 1:
             raise ValueError(f"pad_to_divisor needs a positive int, got {divisor!r}")
@@ -396,42 +324,6 @@ class Batch:
             raise ValueError("cannot pad an empty batch: there is no row to copy")
         return Batch.concat([self, self[torch.arange(pad) % n]]), pad
 
-    def unpad(self, pad_size: int) -> Batch:
-        """Drop the last ``pad_size`` rows (the inverse of ``pad_to_divisor``)."""
-        if pad_size < 0 or pad_size > len(self):
-            raise ValueError(f"unpad({pad_size}) is out of range for a batch of {len(self)}")
-        return self if pad_size == 0 else self[: len(self) - pad_size]
-
     def to(self, device: torch.device | str) -> Batch:
         """Move every tensor to ``device``; non-tensors and meta are shared."""
         return self._new({k: v.to(device) for k, v in self.tensors.items()}, dict(self.non_tensors))
-
-    # ------------------------------------------------------------------------------------------ persistence
-    def save(self, path: str | os.PathLike) -> None:
-        """Write to ``path`` with ``torch.save``: tensors as tensors, non-tensors and meta as JSON strings."""
-        non_tensors = {k: _jsonable(v.tolist(), f"non_tensors[{k!r}]") for k, v in self.non_tensors.items()}
-        meta = _jsonable(self.meta, "meta")
-        payload = {
-            "format": "openmanus_rl.Batch",
-            "version": _FORMAT_VERSION,
-            "size": len(self),
-            "tensors": {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()},
-            "non_tensors_json": json.dumps(non_tensors),
-            "meta_json": json.dumps(meta),
-        }
-        torch.save(payload, os.fspath(path))
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, map_location: str | torch.device | None = "cpu") -> Batch:
-        """Read a file written by ``save``; uses ``torch.load(weights_only=True)``, so nothing is unpickled."""
-        payload = torch.load(os.fspath(path), map_location=map_location, weights_only=True)
-        if not isinstance(payload, dict) or payload.get("format") != "openmanus_rl.Batch":
-            raise ValueError(f"{os.fspath(path)!r} is not a file written by Batch.save")
-        if payload.get("version") != _FORMAT_VERSION:
-            raise ValueError(f"{os.fspath(path)!r} has Batch format version {payload.get('version')}, "
-                             f"this code reads version {_FORMAT_VERSION}")
-        non_tensors = {k: _object_array(v, k) for k, v in json.loads(payload["non_tensors_json"]).items()}
-        batch = cls(payload["tensors"], non_tensors, json.loads(payload["meta_json"]))
-        if len(batch) != payload["size"] and batch.keys():
-            raise ValueError(f"{os.fspath(path)!r} is corrupt: stored size {payload['size']}, read {len(batch)}")
-        return batch

@@ -279,9 +279,6 @@ class TrainerConfig:
     max_env_error_steps: int = opt(3, "abort (exit 1, naming the first error) when every episode of N steps in a "
                                       "row ended as env_error (0: never)", ge=0)
     max_worker_restarts: int = opt(2, "worker-group failures recovered from the newest checkpoint per run", ge=0)
-    debug_nan_step: Optional[int] = opt(None, "test-only: poison the actor loss with NaN at this step", ge=1)
-    debug_crash_step: Optional[int] = opt(None, "test-only: the last actor rank exits during this step's update",
-                                          ge=1)
 
 
 @dataclass

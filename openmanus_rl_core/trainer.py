@@ -229,10 +229,16 @@ class Trainer:
                          f"{time.perf_counter() - t0:.1f}s: {model_dir}")
         return str(model_dir), load_tokenizer(str(model_dir))
 
+    def worker_classes(self) -> tuple[type, type]:
+        """The actor and critic worker classes (tests return subclasses that inject faults)."""
+        from openmanus_rl_core.workers import ActorWorker, CriticWorker
+
+        return ActorWorker, CriticWorker
+
     def _start_workers(self) -> None:
         import ray
 
-        from openmanus_rl_core.workers import ActorWorker, CriticWorker, WorkerGroup
+        from openmanus_rl_core.workers import WorkerGroup
 
         tcfg = self.cfg.trainer
         if not ray.is_initialized():
@@ -261,10 +267,11 @@ class Trainer:
                 f"(NCCL cannot put two ranks of one group on one GPU) or trainer.device=cpu")
         t0 = time.perf_counter()
         strategy = tcfg.placement_strategy
-        self.actor = WorkerGroup(ActorWorker, W, self.cfg, num_cpus=float(cpus), num_gpus=float(gpus), name="actor",
+        actor_cls, critic_cls = self.worker_classes()
+        self.actor = WorkerGroup(actor_cls, W, self.cfg, num_cpus=float(cpus), num_gpus=float(gpus), name="actor",
                                  placement_strategy=strategy, model_dir=self.model_dir, total_steps=self.total_steps)
         if self.use_critic:
-            self.critic = WorkerGroup(CriticWorker, W, self.cfg, num_cpus=float(cpus), num_gpus=float(gpus),
+            self.critic = WorkerGroup(critic_cls, W, self.cfg, num_cpus=float(cpus), num_gpus=float(gpus),
                                       name="critic", placement_strategy=strategy, model_dir=self.model_dir,
                                       total_steps=self.total_steps)
         info = self.actor.setup_info[0]
@@ -438,13 +445,7 @@ class Trainer:
             if step > self.cfg.critic.warmup_steps:
                 with timer("update_actor"):
                     akeys = keys + ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
-                    debug = {}
-                    if self.cfg.trainer.debug_nan_step is not None:
-                        debug["debug_nan_step"] = self.cfg.trainer.debug_nan_step
-                    if self.cfg.trainer.debug_crash_step is not None:
-                        debug["debug_crash"] = (self.cfg.trainer.debug_crash_step,
-                                                str(self.run_dir / ".debug_crash_done"))
-                    ams = self.actor.call_each("update", [(s.select(akeys), step) for s in shards], **debug)
+                    ams = self.actor.call_each("update", [(s.select(akeys), step) for s in shards])
                 am = _avg(ams)
                 metrics.update(am)
                 self.skipped_steps += int(max(a.get("actor/skipped_updates", 0.0) for a in ams))

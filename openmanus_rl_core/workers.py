@@ -37,7 +37,6 @@ import os
 import random
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -497,8 +496,7 @@ class ActorWorker(_DistributedWorker):
         return out
 
     # ---------------------------------------------------------------------------------------------- update
-    def update(self, batch: Batch, step: int, debug_nan_step: int | None = None,
-               debug_crash: tuple[int, str] | None = None) -> dict[str, float]:
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
         """PPO-style policy update over this rank's rows; returns metrics averaged over mini-batches.
 
         Batch needs ``input_ids, attention_mask, position_ids, responses, response_mask, advantages`` and either
@@ -518,12 +516,6 @@ class ActorWorker(_DistributedWorker):
         ent_coef = algo.entropy_coeff
         use_kl_loss = algo.use_kl_loss and self.ref is not None
         mini = None if ocfg.ppo_mini_batch_size is None else max(1, ocfg.ppo_mini_batch_size // self.world_size)
-        inject_nan = debug_nan_step is not None and debug_nan_step == int(step)
-        crash = debug_crash
-        if crash and int(crash[0]) == int(step) and self.rank == self.world_size - 1 and not os.path.exists(crash[1]):
-            # Test-only switch (trainer.debug_crash_step): the last rank dies once, mid-step, as a real crash would.
-            Path(crash[1]).touch()
-            os._exit(1)
 
         batch = batch.to(self.device)
         self.model.train()
@@ -548,8 +540,6 @@ class ActorWorker(_DistributedWorker):
                     kl = agg_loss(kl_penalty(logp, part["ref_log_probs"], algo.kl_loss_type), mask, agg_mode)
                     loss = loss + algo.kl_loss_coef * kl
                     _acc(stats, "actor/kl_loss", float(kl.detach()))
-                if inject_nan:  # test-only switch (trainer.debug_nan_step): poison this step's loss
-                    loss = loss * float("nan")
                 # Micro-batches weighted by their share of the mini-batch's tokens: the sum equals the
                 # mini-batch's token-mean loss.
                 weight = float(mask.sum()) / mb_tokens if len(parts) > 1 else 1.0
@@ -787,6 +777,33 @@ class WorkerGroupError(RuntimeError):
                          f"a restarted run resumes from the newest checkpoint with trainer.resume=auto)")
 
 
+DEATH_GRACE_S = 5.0
+"""How long a raised error waits for another rank's death to be reported (see :func:`_root_cause`)."""
+
+
+def _root_cause(rank: int, error: Exception, pending: list, rank_of: Mapping) -> tuple[int, Exception]:
+    """The failure to report, given the first one (``rank``, ``error``) and the calls still ``pending``.
+
+    When a rank's process dies, its peers' collectives fail at once ("connection closed by peer"), often before
+    Ray reports the death itself. So a raised error waits up to :data:`DEATH_GRACE_S` for a pending rank's death,
+    and a death, the root cause, is reported instead of its peers' errors.
+    """
+    import ray
+
+    deadline = time.monotonic() + DEATH_GRACE_S
+    while pending and not isinstance(error, ray.exceptions.RayActorError):
+        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not done:
+            break
+        try:
+            ray.get(done[0])
+        except ray.exceptions.RayActorError as death:
+            return rank_of[done[0]], death
+        except Exception:  # another raised error: the first one stays the one reported
+            pass
+    return rank, error
+
+
 class WorkerGroup:
     """``size`` Ray actors of one worker class forming one process group (ranks ``0..size-1``).
 
@@ -794,9 +811,10 @@ class WorkerGroup:
     :meth:`setup` (gloo on CPU, NCCL on GPU). ``call(method)`` runs a method on every rank and returns the results
     in rank order; ``call_each(method, per_rank_args)`` gives each rank its own arguments (its shard).
 
-    A rank that raises or dies fails the call at once: the other ranks may be blocked in a collective waiting for
-    it, so the whole group is stopped and the error names the rank, the method and the original exception
-    (instead of the driver hanging until the collective's own timeout).
+    A rank that raises or dies fails the call at once (a raise within :data:`DEATH_GRACE_S`): the other ranks may
+    be blocked in a collective waiting for it, so the whole group is stopped and the error names the rank, the
+    method and the original exception (instead of the driver hanging until the collective's own timeout). A rank
+    whose process died is named rather than the peers whose collectives failed because of it.
     """
 
     def __init__(self, cls: type, size: int, cfg: Config, num_cpus: float = 1.0, num_gpus: float = 0.0,
@@ -847,8 +865,9 @@ class WorkerGroup:
             try:
                 ray.get(done[0])
             except Exception as e:
+                rank, cause = _root_cause(rank_of[done[0]], e, pending, rank_of)
                 self.kill()  # the others may wait in a collective for the failed rank forever
-                raise WorkerGroupError(self.name, rank_of[done[0]], method, e) from e
+                raise WorkerGroupError(self.name, rank, method, cause) from cause
         return ray.get(refs)
 
     def kill(self) -> None:

@@ -45,13 +45,14 @@ def ray_local():
 
 @pytest.fixture(scope="module")
 def grpo_run(ray_local, tmp_path_factory):
-    """GRPO on key_door for 3 steps, with a NaN injected into the loss at step 2."""
-    from openmanus_rl_core.trainer import train
+    """GRPO on key_door for 3 steps, with NaN advantages (so a NaN loss) injected into the actor update at step 2."""
+    from fault_injection import faulty_trainer, fit
 
     run_dir = tmp_path_factory.mktemp("grpo") / "run"
     cfg = compose(["env=key_door", "algorithm=grpo", *SMALL, "trainer.total_steps=3", "trainer.save_freq=2",
-                   "trainer.val_freq=2", f"trainer.run_dir={run_dir}", "trainer.debug_nan_step=2", "seed=5"])
-    assert train(cfg) == 0
+                   "trainer.val_freq=2", f"trainer.run_dir={run_dir}", "seed=5"])
+    final = fit(faulty_trainer(nan_step=2), cfg)
+    assert final["train/skipped_steps"] == 1
     return run_dir
 
 
@@ -257,10 +258,16 @@ def test_auto_old_log_probs_are_recomputed_for_a_multi_epoch_update(ray_local, t
 
 
 # ---------------------------------------------------------------------------------------------- kill -9
-def _cli(run_dir: Path, extra: list[str]) -> list[str]:
-    return [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_door", *SMALL,
-            "trainer.total_steps=5", "trainer.save_freq=2", "trainer.val_freq=0", "seed=11",
-            f"trainer.run_dir={run_dir}", *extra]
+def _cli(run_dir: Path, extra: list[str], command: tuple[str, ...] | None = None) -> list[str]:
+    """``openmanus-rl train`` (or ``command``, which takes the same overrides) for the kill / crash runs."""
+    command = command or (str(Path(sys.executable).parent / "openmanus-rl"), "train")
+    return [*command, "env=key_door", *SMALL, "trainer.total_steps=5", "trainer.save_freq=2", "trainer.val_freq=0",
+            "seed=11", f"trainer.run_dir={run_dir}", *extra]
+
+
+def _crashing(step: int) -> tuple[str, ...]:
+    """The train command with an actor whose last rank exits once during step ``step``'s update."""
+    return sys.executable, str(Path(__file__).parent / "fault_injection.py"), "--crash-step", str(step)
 
 
 def _comparable(rec: dict) -> dict:
@@ -321,11 +328,13 @@ def test_a_worker_that_dies_mid_step_is_restarted_from_the_checkpoint(tmp_path, 
     """An actor rank exits during step 3's update (after step 2's checkpoint): the trainer starts new workers, goes
     back to step 2's checkpoint, and finishes; every step is logged once, with an uninterrupted run's values."""
     full, crashed = uninterrupted, tmp_path / "crashed"
-    proc = subprocess.run(_cli(crashed, ["trainer.debug_crash_step=3", "trainer.max_worker_restarts=1"]),
+    from fault_injection import CRASH_MARKER
+
+    proc = subprocess.run(_cli(crashed, ["trainer.max_worker_restarts=1"], _crashing(3)),
                           env=cli_env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    assert (crashed / ".debug_crash_done").exists()  # the crash did happen
+    assert (crashed / CRASH_MARKER).exists()  # the crash did happen
     assert "actor rank 1 failed in update" in out and "restarting the workers (1/1)" in out
     a, b = _records(full), _records(crashed)
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4, 5]  # no step twice, none missing
@@ -333,7 +342,7 @@ def test_a_worker_that_dies_mid_step_is_restarted_from_the_checkpoint(tmp_path, 
 
     # Without restarts allowed the failure ends the run with the error naming rank and method.
     again = tmp_path / "no_restart"
-    proc = subprocess.run(_cli(again, ["trainer.debug_crash_step=3", "trainer.max_worker_restarts=0"]),
+    proc = subprocess.run(_cli(again, ["trainer.max_worker_restarts=0"], _crashing(3)),
                           env=cli_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
     assert "WorkerGroupError" in proc.stderr and "actor rank 1 failed in update" in proc.stderr

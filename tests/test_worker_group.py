@@ -40,6 +40,16 @@ class _SumWorker(_DistributedWorker):
         dist.all_reduce(t)
         return float(t.item())
 
+    def peer_raises_before_rank_1_dies(self) -> None:
+        """The worst order of a crash: rank 0 raises at once (as its collective does when the peer's connection
+        closes), and Ray learns of rank 1's death only later."""
+        import os
+
+        if self.rank == 1:
+            time.sleep(0.5)
+            os._exit(3)
+        raise RuntimeError("Connection closed by peer")
+
 
 @pytest.fixture(scope="module")
 def ray_local():
@@ -93,3 +103,14 @@ def test_a_failing_rank_fails_the_call_at_once_and_stops_the_group(ray_local, ho
         assert again.call("rank_sum") == [3.0, 3.0]
     finally:
         again.kill()
+
+
+def test_a_rank_that_died_is_named_rather_than_the_peer_that_raised_because_of_it(ray_local):
+    group = _group()
+    try:
+        with pytest.raises(WorkerGroupError) as info:
+            group.call("peer_raises_before_rank_1_dies")
+        assert info.value.rank == 1 and isinstance(info.value.cause, ray.exceptions.RayActorError)
+        assert str(info.value).startswith("summer rank 1 failed in peer_raises_before_rank_1_dies: ")
+    finally:
+        group.kill()

@@ -147,10 +147,12 @@ def test_an_off_policy_update_takes_its_ratio_against_the_old_log_probs(actor):
     now = actor.compute_log_probs(batch.select(LEAN), with_ref=False)["old_log_probs"]
     batch["advantages"] = batch["response_mask"].clone()  # A = +1 on every trained token
     batch["old_log_probs"] = now - 0.5  # ratio e^0.5 = 1.65 on every token: above 1 + clip_high
-    m = actor.update(batch, step=3, algo={"loss_cfg": {"clip_low": 0.2, "clip_high": 0.2}})
-    # Every token clipped at 1 + clip_high: loss -1.2, no gradient, approx_kl = mean(old - new) = -0.5.
+    m = actor.update(batch, step=3)
+    # Every token clipped at 1 + clip_high: loss -(1 + clip_high), no gradient, approx_kl = mean(old - new) = -0.5.
+    clip_high = actor.cfg.algorithm.loss_cfg["clip_high"]
+    assert 1.0 + clip_high < math.exp(0.5)
     assert m["actor/pg_clipfrac"] == 1.0
-    assert m["actor/pg_loss"] == pytest.approx(-1.2, abs=1e-5)
+    assert m["actor/pg_loss"] == pytest.approx(-(1.0 + clip_high), abs=1e-5)
     assert m["actor/ppo_kl"] == pytest.approx(-0.5, abs=1e-4)
     assert m["actor/grad_norm"] == 0.0
 
@@ -159,8 +161,7 @@ def _sgd_like(model_dir, dist_group, **actor):
     """A fresh actor whose first AdamW step is plain gradient descent with step size 1: with ``lr = eps`` far above
     every gradient entry, ``theta -= lr * g / (|g| + eps) = g / (1 + |g| / eps)``. Its parameters move by exactly
     the gradient the optimizer was given."""
-    cfg = _cfg()
-    cfg["actor"].update({"lr": 1e4, "eps": 1e4, **actor})
+    cfg = _cfg("actor.lr=1e4", "actor.eps=1e4", *(f"actor.{k}={v}" for k, v in actor.items()))
     w = ActorWorker(cfg, rank=0, world_size=1, model_dir=model_dir, total_steps=10)
     w.setup(*dist_group)
     return w
@@ -174,7 +175,7 @@ def _flat(worker) -> torch.Tensor:
 
 def _update_delta(worker, batch, step=1):
     before = _flat(worker)
-    metrics = worker.update(batch, step=step, algo={})
+    metrics = worker.update(batch, step=step)
     return _flat(worker) - before, metrics
 
 
@@ -214,14 +215,16 @@ def test_a_micro_batched_update_equals_the_unsplit_one(model_dir, dist_group, ac
 def test_a_nan_loss_skips_the_optimizer_step_and_is_counted(actor):
     batch, _ = _rollout_batch(actor)
     batch["advantages"] = torch.ones(batch["response_mask"].shape) * batch["response_mask"]
+    poisoned = batch.select(batch.keys())
+    poisoned["advantages"] = batch["advantages"] * float("nan")
     before = actor.get_model_state()
-    m = actor.update(batch, step=7, debug_nan_step=7)
+    m = actor.update(poisoned, step=7)
     assert m["actor/skipped_updates"] == 1.0
     assert not math.isfinite(m["actor/loss"])
     after = actor.get_model_state()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    # The same batch on another step (no injection) trains.
-    m = actor.update(batch, step=8, debug_nan_step=7)
+    # The same rows with finite advantages train.
+    m = actor.update(batch, step=8)
     assert m["actor/skipped_updates"] == 0.0
 
 
