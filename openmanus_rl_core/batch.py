@@ -184,6 +184,11 @@ class Batch:
                 f"{sorted(self.tensors)} and non_tensors {sorted(self.non_tensors)}"
             )
 
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.tensors:
+            return self.tensors[key]
+        return self.non_tensors.get(key, default)
+
     def __setitem__(self, key: str, value: Any) -> None:
         """``batch["name"] = value``: a tensor goes to ``tensors``, anything else to ``non_tensors``."""
         if not isinstance(key, str):
