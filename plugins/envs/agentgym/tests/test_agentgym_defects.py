@@ -366,7 +366,8 @@ def test_3_a_server_killed_mid_train_is_restarted_once_by_the_driver_and_none_is
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=agentgym_textcraft", *SMALL_RUN,
          "trainer.total_steps=4", f"trainer.run_dir={run_dir}", f"env.kwargs.base_port={base}",
-         "env.kwargs.autostart=true", f"env.launcher.command='{command}'", f"+env.launcher.log_dir={logs}"],
+         "env.kwargs.autostart=true", f"env.kwargs.launcher.command='{command}'",
+         f"++env.kwargs.launcher.log_dir={logs}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env)
     try:
         deadline = time.monotonic() + 300
