@@ -13,6 +13,7 @@ from openmanus_rl_core.workers import (
     ActorWorker,
     CriticWorker,
     _minibatches,
+    _value_positions,
     make_lr_lambda,
     sequence_logprobs,
 )
@@ -272,6 +273,15 @@ def test_critic_values_start_at_zero_and_regress_towards_the_returns(model_dir, 
     batch, _ = _rollout_batch(actor)
     values = critic.compute_values(batch)
     assert values.shape == batch["responses"].shape and float(values.abs().max()) == 0.0
+    critic.optim_cfg.micro_batch_size = 3  # critic.micro_batch_size splits compute_values' forward passes too
+    try:
+        import unittest.mock
+
+        with unittest.mock.patch("openmanus_rl_core.workers._value_positions", wraps=_value_positions) as spy:
+            assert torch.equal(critic.compute_values(batch), values)
+        assert spy.call_count == -(-len(batch) // 3)
+    finally:
+        critic.optim_cfg.micro_batch_size = None
     batch["values"] = values
     batch["returns"] = torch.full_like(values, 0.3) * batch["response_mask"]
     losses = [critic.update(batch, step=s)["critic/vf_loss"] for s in range(1, 6)]
