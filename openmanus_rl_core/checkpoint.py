@@ -9,9 +9,12 @@ Layout of one checkpoint (``<run_dir>/checkpoints/step_000123/``)::
 How a save stays atomic: everything is written into ``step_000123.tmp-<random>/``, each file is
 fsynced, ``COMPLETE`` is written last, the folder is fsynced and renamed to ``step_000123``, then
 the parent folder is fsynced. A run killed at any moment leaves either a ``*.tmp-*`` folder (never
-picked, removed by the next save) or a complete checkpoint. :func:`latest_checkpoint` also checks
-each file's size and SHA-256 against the manifest, so a checkpoint damaged after the fact is
-skipped in favour of the previous one.
+picked, removed by the next save) or a complete checkpoint. A write that fails (a full disk) raises
+:class:`CheckpointError` naming the path and leaves the earlier checkpoints as they were.
+
+Every load checks each file's size and SHA-256 against the manifest, whatever the path came from.
+:func:`load_latest_checkpoint` (``trainer.resume=auto``) goes back from a refused checkpoint to the
+previous one and raises, listing every checkpoint and why it was refused, when none loads.
 
 Only weights_only-safe values are written: tensors (plain or ``nn.Parameter``), dicts, lists,
 tuples, sets, numbers, strings, bytes, None, ``torch.dtype``/``torch.device``/``torch.Size``.
@@ -25,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import secrets
@@ -32,7 +36,7 @@ import shutil
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -42,6 +46,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "latest_checkpoint",
+    "load_latest_checkpoint",
+    "open_checkpoint",
     "resolve_checkpoint",
     "checkpoint_problem",
     "list_checkpoints",
@@ -115,22 +121,39 @@ class _HashingWriter:
 
     def __init__(self, f):
         self.f, self.sha, self.size = f, hashlib.sha256(), 0
+        self.error: OSError | None = None  # torch.save reports a failed write as its own RuntimeError
 
     def write(self, b) -> int:
         self.sha.update(b)
         self.size += len(b)
-        return self.f.write(b)
+        try:
+            return self.f.write(b)
+        except OSError as exc:
+            self.error = exc
+            raise
 
     def flush(self) -> None:
         self.f.flush()
 
 
 def _write_file(path: Path, write) -> dict:
-    with open(path, "wb") as f:
-        w = _HashingWriter(f)
-        write(w)
-        f.flush()
-        os.fsync(f.fileno())
+    """Write one file through ``write(writer)`` and fsync it; ``{"size", "sha256"}`` of what was written.
+
+    Any failure to write (a full disk, a quota, an I/O error) raises ``OSError`` naming ``path``.
+    """
+    w = None
+    try:
+        with open(path, "wb") as f:
+            w = _HashingWriter(f)
+            write(w)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    except RuntimeError:
+        if w is None or w.error is None:
+            raise
+        raise OSError(w.error.errno, w.error.strerror, str(path)) from None
     return {"size": w.size, "sha256": w.sha.hexdigest()}
 
 
@@ -190,11 +213,23 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, state: dict, keep_las
         if final.exists():
             old = root / f"{name}.old-{secrets.token_hex(6)}"
             os.rename(final, old)
-            os.rename(tmp, final)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                os.rename(old, final)  # the checkpoint being replaced goes back
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
         fsync_dir(root)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = [p.name for _, p in list_checkpoints(run_dir)]
+        raise CheckpointError(
+            f"{final}: saving step {int(step)} failed writing {exc.filename or tmp}: {exc.strerror or exc} "
+            f"(errno {exc.errno}); nothing of this save was kept and the earlier checkpoints "
+            f"({', '.join(kept) or 'none'}) are untouched. Free space under {root} (or point trainer.run_dir "
+            f"elsewhere) and resume with trainer.resume=auto") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -280,15 +315,17 @@ def checkpoint_problem(path: str | os.PathLike, verify: str | None = "sha256") -
             return f"{path}: the manifest lists key {k!r} but no file {k}.pt"
     if verify in (None, "none"):
         return None
-    for name, info in manifest["files"].items():
+    for name, info in manifest["files"].items():  # every size first: cheap, and catches truncation
         f = path / name
         if not f.is_file():
             return f"{path}: {name} is missing"
         size = f.stat().st_size
         if size != info["size"]:
             return f"{path}: {name} has {size} bytes, the manifest says {info['size']}"
-        if verify == "sha256" and _sha256(f) != info["sha256"]:
-            return f"{path}: {name} does not match its SHA-256 in the manifest (the file is damaged)"
+    if verify == "sha256":
+        for name, info in manifest["files"].items():
+            if _sha256(path / name) != info["sha256"]:
+                return f"{path}: {name} does not match its SHA-256 in the manifest (the file is damaged)"
     return None
 
 
@@ -309,25 +346,39 @@ def latest_checkpoint(run_dir: str | os.PathLike, verify: str | None = "sha256")
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """A checkpoint folder from a checkpoint folder, a run directory, or its ``checkpoints`` folder."""
     path = Path(path).expanduser()
-    if (path / MARKER).is_file() or _STEP_DIR.match(path.name):  # a step folder: let the caller report its state
+    if _is_step_folder(path):  # a step folder: let the caller report its state
         return path
-    run_dir = path.parent if path.name == "checkpoints" else path
-    found = latest_checkpoint(run_dir)
+    found = latest_checkpoint(_run_dir_of(path))
     if found is None:
         raise CheckpointError(f"{path}: no complete checkpoint here; pass a checkpoints/step_N folder or a run "
                               f"directory that has one")
     return found
 
 
-def load_checkpoint(path: str | os.PathLike, keys: Iterable[str] | None = None, map_location: Any = "cpu",
-                    verify: str | None = "size") -> dict:
-    """The state saved at ``path`` (a checkpoint folder or a run directory: its latest checkpoint).
+def _is_step_folder(path: Path) -> bool:
+    return (path / MARKER).is_file() or bool(_STEP_DIR.match(path.name))
 
-    Every file is read with ``torch.load(weights_only=True)``. ``keys`` loads only those entries
-    (e.g. ``["model"]`` for evaluation). ``verify`` as in :func:`checkpoint_problem`.
-    """
-    path = resolve_checkpoint(path)
-    problem = checkpoint_problem(path, verify)
+
+def _run_dir_of(path: Path) -> Path:
+    return path.parent if path.name == "checkpoints" else path
+
+
+def _why_not_loaded(exc: Exception) -> str:
+    """What a failed ``torch.load(weights_only=True)`` means, without torch's advice to load it unsafely."""
+    text = str(exc)
+    if isinstance(exc, pickle.UnpicklingError):
+        wanted = re.search(r"GLOBAL ([\w.]+)", text)
+        detail = (f"it asks for the Python object `{wanted.group(1)}`" if wanted
+                  else "it holds objects other than tensors and plain values")
+        return (f"refused by torch.load(weights_only=True): {detail}. A checkpoint this project writes holds "
+                f"tensors and plain values only, so the file was altered or written by other code; it is not "
+                f"loaded, since unpickling it could run code")
+    return f"cannot be read ({type(exc).__name__}: {text.splitlines()[0] if text else ''})"
+
+
+def _load_verified(path: Path, keys: Iterable[str] | None, map_location: Any) -> dict:
+    """Every file of ``path`` checked against the manifest (size, SHA-256), then ``keys`` read with weights_only."""
+    problem = checkpoint_problem(path, "sha256")
     if problem is not None:
         raise CheckpointError(problem)
     manifest = _read_manifest(path)
@@ -340,9 +391,59 @@ def load_checkpoint(path: str | os.PathLike, keys: Iterable[str] | None = None, 
         try:
             state[k] = torch.load(path / f"{k}.pt", map_location=map_location, weights_only=True)
         except Exception as exc:  # a damaged zip or an unsafe global: either way unusable, say which file
-            raise CheckpointError(f"{path / f'{k}.pt'}: cannot be loaded with weights_only=True "
-                                  f"({type(exc).__name__}: {exc})") from exc
+            raise CheckpointError(f"{path / f'{k}.pt'}: {_why_not_loaded(exc)}") from None
     return state
+
+
+def load_latest_checkpoint(run_dir: str | os.PathLike, keys: Iterable[str] | None = None,
+                           map_location: Any = "cpu", warn: Callable[[str], None] | None = None
+                           ) -> tuple[Path, dict] | None:
+    """``(folder, state)`` of the newest checkpoint of ``run_dir`` that verifies and loads.
+
+    A refused checkpoint (no marker, a size or SHA-256 mismatch, a file ``torch.load(weights_only=True)``
+    refuses) is reported through ``warn`` (default: a logged warning) and the previous one is tried.
+    None when ``run_dir`` has no checkpoint folder at all; :class:`CheckpointError` listing every
+    folder and why it was refused when it has some but none loads.
+    """
+    keys = None if keys is None else list(keys)
+    warn = warn or log.warning
+    refused: list[str] = []
+    for step, path in reversed(list_checkpoints(run_dir)):
+        try:
+            return path, _load_verified(path, keys, map_location)
+        except CheckpointError as exc:
+            reason = str(exc)
+            refused.append(f"  {path.name}: {reason.removeprefix(str(path)).lstrip('/: ')}")
+            warn(f"checkpoint of step {step} refused, trying the one before: {reason}")
+    if not refused:
+        return None
+    raise CheckpointError(f"none of the {len(refused)} checkpoint(s) in {checkpoints_dir(run_dir)} can be used:\n"
+                          + "\n".join(refused))
+
+
+def open_checkpoint(path: str | os.PathLike, keys: Iterable[str] | None = None,
+                    map_location: Any = "cpu") -> tuple[Path, dict]:
+    """``(folder, state)`` from a checkpoint folder, or from a run directory (or its ``checkpoints`` folder):
+    its newest checkpoint that loads, as :func:`load_latest_checkpoint`. A named folder is used or refused as it
+    is, never swapped for another."""
+    path = Path(path).expanduser()
+    if _is_step_folder(path):
+        return path, _load_verified(path, keys, map_location)
+    found = load_latest_checkpoint(_run_dir_of(path), keys, map_location)
+    if found is None:
+        raise CheckpointError(f"{path}: no complete checkpoint here; pass a checkpoints/step_N folder or a run "
+                              f"directory that has one")
+    return found
+
+
+def load_checkpoint(path: str | os.PathLike, keys: Iterable[str] | None = None, map_location: Any = "cpu") -> dict:
+    """The state saved at ``path`` (a checkpoint folder or a run directory: its newest loadable checkpoint).
+
+    Every file is checked against the manifest (size and SHA-256) and read with
+    ``torch.load(weights_only=True)``. ``keys`` loads only those entries (e.g. ``["model"]`` for
+    evaluation); the check covers every file regardless.
+    """
+    return open_checkpoint(path, keys, map_location)[1]
 
 
 # -------------------------------------------------------------------------------------------- RNG

@@ -260,7 +260,10 @@ class TrainerConfig:
                                          choices=("bf16", "bfloat16", "fp16", "float16"))
     output_dir: str = opt("outputs", "runs go to <output_dir>/<date>/<time>-<env>")
     run_dir: Optional[str] = opt(None, "this run's folder (set it to resume with resume=auto)")
-    resume: Optional[str] = opt(None, "null | auto (newest complete checkpoint in run_dir) | <checkpoint path>")
+    resume: Optional[str] = opt(None, "null (fresh; an error if run_dir already holds checkpoints or metrics) | auto "
+                                "(the newest checkpoint of run_dir that verifies and loads, falling back to older ones; "
+                                "an error if none does) | never (fresh; an earlier run's checkpoints and metrics are "
+                                "moved to run_dir/previous/) | <checkpoint folder or run directory>")
     val_freq: int = opt(10, "validate every N steps (0: never; also at the end, see val_at_end)", ge=0)
     val_before_train: bool = opt(True, "validate the untrained model (step 0)")
     val_at_end: bool = opt(True, "validate after the last step")

@@ -98,6 +98,45 @@ def _quiet_transformers() -> None:
         pass
 
 
+PREVIOUS_DIR = "previous"
+# What a run leaves in its run directory that a fresh start would overwrite.
+_HISTORY = ("checkpoints", "metrics.jsonl", "tensorboard", "config.json", "rewards.png")
+
+
+def _run_history(run_dir: Path) -> str:
+    """What of an earlier run ``run_dir`` holds (its checkpoints, its logged steps), in words; "" when nothing."""
+    from openmanus_rl_core.checkpoint import list_checkpoints
+    from openmanus_rl_core.metrics import read_metrics
+
+    parts = []
+    ckpts = list_checkpoints(run_dir)
+    if ckpts:
+        parts.append(f"checkpoints {', '.join(p.name for _, p in ckpts)}")
+    steps = [r["step"] for r in read_metrics(run_dir) if isinstance(r.get("step"), int)]
+    if steps:
+        parts.append(f"metrics.jsonl with steps {min(steps)}..{max(steps)}")
+    return "; ".join(parts)
+
+
+def _set_aside_history(run_dir: Path, why: str, log) -> Path | None:
+    """Move an earlier run's checkpoints, metrics and TensorBoard logs to ``run_dir/previous/<time>/`` (nothing is
+    deleted); the moved-to folder, or None when there was no history."""
+    history = _run_history(run_dir)
+    if not history:
+        return None
+    stem = run_dir / PREVIOUS_DIR / time.strftime("%Y%m%d-%H%M%S")
+    dest, i = stem, 0
+    while dest.exists():
+        i += 1
+        dest = stem.with_name(f"{stem.name}-{i}")
+    dest.mkdir(parents=True)
+    for name in _HISTORY:
+        if (run_dir / name).exists():
+            os.rename(run_dir / name, dest / name)
+    log(f"{why}: starting fresh; the earlier run's {history} moved to {dest}")
+    return dest
+
+
 class _Log:
     """Console lines that do not break the progress bar."""
 
@@ -121,6 +160,8 @@ class Trainer:
         self.cfg: Config = check(cfg)
         self.log = _Log()
         self.ray_started = False
+        self.resume_path: Path | None = None
+        self._resume_state: dict | None = None  # the checkpoint read by setup, until fit hands it to the workers
         self.actor = None
         self.critic = None
         self.metrics_logger = None
@@ -132,7 +173,6 @@ class Trainer:
     def setup(self) -> None:
         import torch
 
-        from openmanus_rl_core.checkpoint import latest_checkpoint, resolve_checkpoint
         from openmanus_rl_core.data import TaskSampler, ensure_task_files, load_tasks
         from openmanus_rl_core.envs import EnvErrorWatch, open_env_service
         from openmanus_rl_core.metrics import make_run_dir
@@ -147,15 +187,7 @@ class Trainer:
         torch.set_num_threads(cfg.trainer.driver_threads or os.cpu_count() or 1)
         self.total_steps = cfg.trainer.total_steps
         self.run_dir = make_run_dir(cfg)
-        # Resume: the newest complete checkpoint of this run directory (auto) or a given checkpoint path.
-        resume = cfg.trainer.resume
-        self.resume_path = None
-        if resume in ("auto", "True", "true"):
-            self.resume_path = latest_checkpoint(self.run_dir)
-            if self.resume_path is None:
-                self.log(f"trainer.resume=auto: no complete checkpoint in {self.run_dir}; starting fresh")
-        elif resume not in (None, "False", "false", "never", ""):
-            self.resume_path = resolve_checkpoint(resume)
+        self.resume_path, self._resume_state = self._resume_point(cfg.trainer.resume)
         (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         self.pm = make_plugin_manager()
 
@@ -194,6 +226,41 @@ class Trainer:
         self.model_dir, self.tokenizer = self._prepare_model()
         self.pad_token_id = self.tokenizer.pad_token_id
         self._start_workers()
+
+    def _resume_point(self, resume: Any) -> tuple[Path | None, dict | None]:
+        """``(checkpoint folder, its state)`` to resume from, or ``(None, None)`` to start fresh.
+
+        ``auto``: the newest checkpoint of the run directory that verifies and loads (a refused one falls back to
+        the one before, with a warning); ``never``: a fresh start; a path: that checkpoint (or a run directory's
+        newest). Nothing of an earlier run is overwritten unasked: with checkpoints that all fail to load, auto
+        stops with an error listing them; a fresh start over an earlier run's history needs ``never``, which moves
+        that history under ``previous/``.
+        """
+        from openmanus_rl_core.checkpoint import CheckpointError, load_latest_checkpoint, open_checkpoint
+
+        mode = str(resume).lower() if resume is not None else "null"  # YAML turns true/false/null into non-strings
+        start_over = (f"To start over anyway, use a new trainer.run_dir, or trainer.resume=never (the earlier "
+                      f"checkpoints and metrics are then moved to {self.run_dir / PREVIOUS_DIR}/).")
+        if mode in ("auto", "true"):
+            try:
+                found = load_latest_checkpoint(self.run_dir, warn=lambda m: self.log(f"WARNING: {m}"))
+            except CheckpointError as exc:
+                raise CheckpointError(f"trainer.resume=auto: {exc}\nNothing in {self.run_dir} was changed. "
+                                      f"{start_over}") from None
+            if found is not None:
+                return found
+            _set_aside_history(self.run_dir, "trainer.resume=auto found no checkpoint", self.log)
+            return None, None
+        if mode == "never":
+            _set_aside_history(self.run_dir, "trainer.resume=never", self.log)
+            return None, None
+        if mode in ("null", "none", "false", ""):
+            history = _run_history(self.run_dir)
+            if history:
+                raise CheckpointError(f"trainer.run_dir={self.run_dir} already holds a run ({history}) and "
+                                      f"trainer.resume is not set. Continue it with trainer.resume=auto. {start_over}")
+            return None, None
+        return open_checkpoint(str(resume))
 
     def _kl_controller(self):
         from openmanus_rl_core.algorithms import make_kl_controller
@@ -491,12 +558,14 @@ class Trainer:
         self.log(f"checkpoint: {path} ({time.perf_counter() - t0:.1f}s)")
         return path
 
-    def restore(self, path: Path) -> int:
+    def restore(self, path: Path, state: dict | None = None) -> int:
+        """Load the checkpoint's state (``state``, when already read from ``path``) into the workers and the
+        driver; returns its step."""
         import ray
 
         from openmanus_rl_core.checkpoint import load_checkpoint, restore_rng_state
 
-        state = load_checkpoint(path)
+        state = load_checkpoint(path) if state is None else state
         model_ref = ray.put(state["model"])
         optim_ref = ray.put(state["optimizer"])
         rngs = state["rng"]["actor"]
@@ -528,9 +597,11 @@ class Trainer:
         self.skipped_steps = 0
         start_step = 0
         if self.resume_path is not None:
-            start_step = self.restore(self.resume_path)
+            start_step = self.restore(self.resume_path, self._resume_state)
+            self._resume_state = None
             self.log(f"resumed from {self.resume_path} (step {start_step})")
-        # A fresh start drops whatever an earlier, checkpoint-less attempt in this run directory logged.
+        # Resumed: the lines logged after the checkpoint go (those steps run again). A fresh start finds no earlier
+        # steps here (_resume_point set them aside), at most a torn line.
         self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=tcfg.tensorboard,
                                             resume_step=start_step if self.resume_path is not None else -1)
         self.pm.hook.openmanus_rl_run_start(cfg=self.cfg_node, run_dir=str(self.run_dir))
@@ -615,23 +686,28 @@ class Trainer:
 
         At most ``trainer.max_worker_restarts`` times per run; without a checkpoint to go back to, the error stands.
         """
-        from openmanus_rl_core.checkpoint import latest_checkpoint
+        from openmanus_rl_core.checkpoint import CheckpointError, load_latest_checkpoint
         from openmanus_rl_core.metrics import MetricsLogger
 
         allowed = self.cfg.trainer.max_worker_restarts
-        path = latest_checkpoint(self.run_dir)
-        if restarts > allowed or path is None:
-            why = (f"trainer.max_worker_restarts={allowed} used up" if restarts > allowed
-                   else f"no complete checkpoint in {self.run_dir} to restart from (set trainer.save_freq)")
+        found, why = None, f"trainer.max_worker_restarts={allowed} used up"
+        if restarts <= allowed:
+            try:
+                found = load_latest_checkpoint(self.run_dir)
+                why = f"no complete checkpoint in {self.run_dir} to restart from (set trainer.save_freq)"
+            except CheckpointError as exc:
+                why = str(exc)
+        if found is None:
             self.log(f"worker failure, not restarting: {why}")
             raise err
+        path, state = found
         self.log(f"{err}\nrestarting the workers ({restarts}/{allowed}) from {path}")
         for g in (self.actor, self.critic):
             if g is not None:
                 g.kill()
         self.actor = self.critic = None
         self._start_workers()
-        step = self.restore(path)
+        step = self.restore(path, state)
         # The lines logged after that checkpoint are dropped: those steps run again.
         self.metrics_logger.close()
         self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=self.cfg.trainer.tensorboard, resume_step=step)
@@ -683,7 +759,7 @@ def evaluate(cfg: Any) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from openmanus_rl_core.checkpoint import load_checkpoint, resolve_checkpoint
+    from openmanus_rl_core.checkpoint import open_checkpoint
     from openmanus_rl_core.data import ensure_task_files, load_tasks
     from openmanus_rl_core.envs import open_env_service
     from openmanus_rl_core.models import _dtype, load_tokenizer, lora_scaling, merge_lora_state
@@ -698,8 +774,7 @@ def evaluate(cfg: Any) -> int:
     model_cfg = c.model
     state = None
     if ckpt:
-        path = resolve_checkpoint(ckpt)
-        state = load_checkpoint(path, keys=["model", "meta"])
+        path, state = open_checkpoint(str(ckpt), keys=["model", "meta"])
         meta = state["meta"] or {}
         model_dir = meta.get("model_dir")
         saved_cfg = meta.get("config") or {}

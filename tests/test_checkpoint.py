@@ -151,8 +151,12 @@ def test_a_pickled_object_is_refused_by_load(tmp_path):
     manifest["files"]["step.pt"] = {"size": (p / "step.pt").stat().st_size, "sha256": ck._sha256(p / "step.pt")}
     (p / "COMPLETE").write_text(json.dumps(manifest))
     assert zipfile.is_zipfile(p / "step.pt")
-    with pytest.raises(CheckpointError, match="cannot be loaded with weights_only=True"):
+    with pytest.raises(CheckpointError, match=r"step.pt: refused by torch.load\(weights_only=True\)") as err:
         load_checkpoint(p)
+    assert "it asks for the Python object `print`" in str(err.value)
+    # torch's own text advises loading it unsafely; the message must not pass that on
+    assert "weights_only` set to `False`" not in str(err.value) and "safe_globals" not in str(err.value)
+    assert err.value.__cause__ is None and err.value.__suppress_context__
 
 
 def test_rng_restore_reproduces_the_same_numbers(tmp_path):
@@ -211,3 +215,137 @@ def test_resume_round_trip_of_sampler_model_and_rng(tmp_path):
     s.load_state_dict(state["sampler"])
     restore_rng_state(state["rng"])
     assert first + run(m, o, s, 3) == full
+
+
+# ------------------------------------------------------------------------- loads, fallback, failed saves
+def _flip_a_byte(f) -> None:
+    raw = bytearray(f.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # same size: only the checksum can tell
+    f.write_bytes(bytes(raw))
+
+
+def _plant_pickle(path, key: str) -> None:
+    """Replace ``<key>.pt`` by a pickle that runs code, and rewrite the manifest to match (what an attacker with
+    write access does)."""
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"x": Evil()}, path / f"{key}.pt")
+    manifest = json.loads((path / "COMPLETE").read_text())
+    f = path / f"{key}.pt"
+    manifest["files"][f.name] = {"size": f.stat().st_size, "sha256": ck._sha256(f)}
+    (path / "COMPLETE").write_text(json.dumps(manifest))
+
+
+def test_an_explicitly_named_checkpoint_is_checked_by_sha256_on_every_load(tmp_path):
+    p = save_checkpoint(tmp_path, 1, _state(1))
+    _flip_a_byte(p / "optimizer.pt")
+    # a folder named directly (eval trainer.checkpoint=..., trainer.resume=<path>), even when only other keys
+    # are read: the whole manifest is checked
+    for keys in (None, ["model", "meta"]):
+        with pytest.raises(CheckpointError, match="optimizer.pt does not match its SHA-256"):
+            load_checkpoint(p, keys=keys)
+    with pytest.raises(CheckpointError, match="optimizer.pt does not match its SHA-256"):
+        ck.open_checkpoint(p)
+
+
+def test_a_refused_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
+    save_checkpoint(tmp_path, 1, _state(1))
+    p2 = save_checkpoint(tmp_path, 2, _state(2))
+    _plant_pickle(p2, "optimizer")
+    assert ck.checkpoint_problem(p2) is None  # the manifest matches: only the load can refuse it
+    with caplog.at_level("WARNING"):
+        path, state = ck.load_latest_checkpoint(tmp_path)
+    assert path.name == "step_000001" and state["step"] == 1 and state["sampler"] == {"epoch": 1, "position": 1}
+    assert "checkpoint of step 2 refused, trying the one before" in caplog.text
+    assert "it asks for the Python object `print`" in caplog.text
+    assert "weights_only` set to `False`" not in caplog.text and "safe_globals" not in caplog.text
+    # the same through a run directory
+    assert load_checkpoint(tmp_path)["step"] == 1
+    # a folder named directly is never swapped for another
+    with pytest.raises(CheckpointError, match="optimizer.pt: refused"):
+        load_checkpoint(p2)
+
+
+def test_when_no_checkpoint_loads_the_error_lists_each_and_why(tmp_path):
+    p1 = save_checkpoint(tmp_path, 1, _state(1))
+    p2 = save_checkpoint(tmp_path, 2, _state(2))
+    p3 = save_checkpoint(tmp_path, 3, _state(3))
+    _flip_a_byte(p1 / "model.pt")
+    _plant_pickle(p2, "rng")
+    (p3 / "COMPLETE").unlink()
+    assert ck.load_latest_checkpoint(tmp_path / "elsewhere") is None  # no checkpoint at all: nothing to refuse
+    with pytest.raises(CheckpointError) as err:
+        ck.load_latest_checkpoint(tmp_path)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"none of the 3 checkpoint(s) in {tmp_path / 'checkpoints'} can be used:"
+    assert lines[1] == "  step_000003: no COMPLETE marker (an interrupted save); it cannot be used"
+    assert lines[2].startswith("  step_000002: rng.pt: refused by torch.load(weights_only=True)")
+    assert lines[3] == "  step_000001: model.pt does not match its SHA-256 in the manifest (the file is damaged)"
+
+
+class _FullDisk:
+    """A file opened for writing that takes ``room`` bytes and then fails as a full disk does."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def write(self, b) -> int:
+        if len(b) > self.room:
+            raise OSError(28, "No space left on device")
+        self.room -= len(b)
+        return self.f.write(b)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def test_a_full_disk_during_a_save_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    p1 = save_checkpoint(tmp_path, 1, _state(1))
+    before = {f.name: f.read_bytes() for f in p1.iterdir()}
+    real_open = open
+    monkeypatch.setattr(ck, "open", lambda path, mode="r", *a, **kw: (
+        _FullDisk(real_open(path, mode, *a, **kw), room=600) if "w" in mode else real_open(path, mode, *a, **kw)),
+        raising=False)
+    with pytest.raises(CheckpointError) as err:
+        save_checkpoint(tmp_path, 2, _state(2))
+    msg = str(err.value)
+    assert msg.startswith(f"{tmp_path / 'checkpoints' / 'step_000002'}: saving step 2 failed writing ")
+    assert "model.pt: No space left on device (errno 28)" in msg and "(step_000001) are untouched" in msg
+    assert err.value.__cause__ is None and err.value.__suppress_context__  # torch's internal error not chained
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000001"]  # no partial folder left
+    assert {f.name: f.read_bytes() for f in p1.iterdir()} == before
+    assert load_checkpoint(tmp_path)["step"] == 1
+
+
+def test_a_real_failed_write_names_the_path_and_keeps_the_previous_checkpoint(tmp_path):
+    """The kernel refuses the write (RLIMIT_FSIZE, the per-process cap on file size: EFBIG) in a child process."""
+    import subprocess
+    import sys
+
+    save_checkpoint(tmp_path, 1, _state(1))
+    script = f"""
+import resource, signal
+import torch
+from openmanus_rl_core.checkpoint import CheckpointError, save_checkpoint
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap then fails with EFBIG instead of killing
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+try:
+    save_checkpoint({str(tmp_path)!r}, 2, {{"model": {{"w": torch.zeros(100_000)}}, "step": 2}})
+except CheckpointError as exc:
+    print(exc)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"{tmp_path / 'checkpoints' / 'step_000002'}: saving step 2 failed writing ")
+    assert "model.pt: File too large (errno 27)" in out.stdout
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000001"]
+    assert load_checkpoint(tmp_path)["step"] == 1
