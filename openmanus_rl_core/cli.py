@@ -104,6 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Errors whose message says all there is (what was wrong, where, what to do): printed without a traceback.
+# module -> class; looked up only in modules the command already imported (the listing imports no torch).
+REPORTED_ERRORS = {"openmanus_rl_core.checkpoint": "CheckpointError", "openmanus_rl_core.data": "DataError"}
+
+
+def _reported(exc: Exception) -> bool:
+    classes = tuple(getattr(sys.modules[m], c) for m, c in REPORTED_ERRORS.items() if m in sys.modules)
+    return isinstance(exc, classes)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -115,8 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
-        # Hydra's composition and override errors already say what is wrong; a traceback adds nothing.
-        if type(exc).__module__.startswith("hydra.") or type(exc).__module__.startswith("omegaconf."):
+        # Hydra's composition and override errors already say what is wrong too; a traceback adds nothing.
+        if _reported(exc) or type(exc).__module__.startswith(("hydra.", "omegaconf.")):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         raise

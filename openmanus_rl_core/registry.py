@@ -237,7 +237,9 @@ def load_entry(entry: PluginEntry) -> Any:
         obj: Any = importlib.import_module(entry.module)
         for part in filter(None, entry.attr.split(".")):
             obj = getattr(obj, part)
-    except Exception as exc:  # a plugin's import may fail in any way; it must not take the caller down unexplained
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # an import may fail in any way, sys.exit() included: never end the caller unexplained
         raise PluginLoadError(
             f"{entry.kind} plugin {entry.name!r} from distribution {entry.dist} {entry.version} "
             f"(entry point {entry.name} = {entry.value} in group {KINDS.get(entry.kind, HOOKS_GROUP)}) failed to load: "

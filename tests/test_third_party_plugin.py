@@ -191,3 +191,66 @@ def test_thirdparty_plugin_is_found_selected_used_and_gone_after_uninstall(throw
     assert ("env", "tp_countdown") not in rows and ("reward", "tp_turns") not in rows
     gone = _cli(cli_env, "train", "--cfg", "job", "env=tp_countdown")
     assert gone.returncode != 0 and "tp_countdown" in gone.stderr
+
+
+EXITING_DIST = "omrl-exiting-demo"
+EXITING_PKG = "omrl_exiting_demo"
+EXITING_PYPROJECT = f"""
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{EXITING_DIST}"
+version = "0.0.1"
+
+[project.entry-points."openmanus_rl.envs"]
+exiting_env = "{EXITING_PKG}.env:Env"
+
+[project.entry-points.openmanus_rl]
+{EXITING_PKG} = "{EXITING_PKG}.hooks"
+
+[tool.setuptools]
+packages = ["{EXITING_PKG}"]
+"""
+
+
+def test_a_plugin_that_exits_on_import_is_reported_and_ends_no_command(throwaway_dists, cli_env, tmp_path):
+    """sys.exit() / SystemExit at import time, in a component and in a hook module: a PluginLoadError naming the
+    distribution and the entry point, never the plugin's exit code with no message."""
+    throwaway_dists.install(EXITING_DIST, {
+        "pyproject.toml": EXITING_PYPROJECT, f"{EXITING_PKG}/__init__.py": "",
+        f"{EXITING_PKG}/env.py": "raise SystemExit(3)\nEnv = None\n",
+        f"{EXITING_PKG}/hooks.py": "import sys\nsys.exit(7)\n",
+    })
+    checked = _cli(cli_env, "plugins", "--json", "--check")
+    assert checked.returncode == 0, checked.stderr
+    rows = {(r["kind"], r["name"]): r for r in json.loads(checked.stdout)}
+    env_row, hook_row = rows[("env", "exiting_env")], rows[("hooks", EXITING_PKG)]
+    assert env_row["status"] == hook_row["status"] == "broken"
+    assert env_row["error"] == (f"env plugin 'exiting_env' from distribution {EXITING_DIST} 0.0.1 (entry point "
+                                f"exiting_env = {EXITING_PKG}.env:Env in group openmanus_rl.envs) failed to load: "
+                                f"SystemExit: 3")
+    assert (f"(entry point {EXITING_PKG} = {EXITING_PKG}.hooks in group openmanus_rl) failed to load: SystemExit: 7"
+            in hook_row["error"])
+    assert rows[("env", "key_door")]["status"] == "ok"
+
+    # every command loads the hook plugins: the broken one is skipped with a warning naming it, the command runs
+    shown = _cli(cli_env, "train", "--cfg", "job", "env=key_door")
+    assert shown.returncode == 0, shown.stderr
+    assert "name: key_door" in shown.stdout
+    assert f"hook plugin skipped: hooks plugin '{EXITING_PKG}' from distribution {EXITING_DIST}" in shown.stderr
+
+    # using the broken component raises that error in the caller, which goes on
+    script = textwrap.dedent("""
+        from openmanus_rl_core.registry import PluginLoadError, registry
+        try:
+            registry("env").get("exiting_env")
+        except PluginLoadError as exc:
+            print("caught:", exc)
+        print("still running")
+    """)
+    used = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=cli_env, timeout=120)
+    assert used.returncode == 0, used.stderr
+    assert used.stdout.endswith("failed to load: SystemExit: 3\nstill running\n")
+    assert used.stdout.startswith(f"caught: env plugin 'exiting_env' from distribution {EXITING_DIST} 0.0.1")

@@ -1,0 +1,105 @@
+"""Resuming never destroys history: what `trainer.resume` does with a run directory that already holds a run.
+
+These stop (or decide) before any model or Ray starts, so they run in seconds; the fall-back of a real resume to
+the previous checkpoint is in test_trainer.py (it needs a trained run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from openmanus_rl_core.checkpoint import save_checkpoint
+from openmanus_rl_core.config import compose
+
+TRAIN = [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_door", "trainer.total_steps=1",
+         "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_cpus=1", "trainer.num_workers=1",
+         "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+         "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
+         "data.train_batch_size=2", "algorithm.n=2", "env.train_tasks=4", "env.val_tasks=2", "warmup.steps=1",
+         "rollout.max_new_tokens=4"]
+
+
+def _earlier_run(run_dir: Path) -> dict[str, bytes]:
+    """A run directory as a run that got to step 4 leaves it: checkpoints 2 and 4, metrics for steps 0..4.
+    Returns every file's bytes, to show later that nothing changed."""
+    for step in (2, 4):
+        save_checkpoint(run_dir, step, {"model": {"w": torch.full((4,), float(step))}, "trainer": {"step": step}})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "train/reward_mean": s / 10}) + "\n"
+                                                   for s in range(5)))
+    return _files(run_dir)
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def _damage(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def test_auto_resume_with_every_checkpoint_damaged_stops_and_lists_each(tmp_path, cli_env):
+    run_dir = tmp_path / "run"
+    _earlier_run(run_dir)
+    _damage(run_dir / "checkpoints" / "step_000004" / "model.pt")
+    (run_dir / "checkpoints" / "step_000002" / "trainer.pt").write_bytes(b"truncated")
+    before = _files(run_dir)
+    out = subprocess.run([*TRAIN, f"trainer.run_dir={run_dir}", "trainer.resume=auto"], env=cli_env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    err = out.stderr
+    assert f"error: trainer.resume=auto: none of the 2 checkpoint(s) in {run_dir / 'checkpoints'} can be used:" in err
+    assert "  step_000004: model.pt does not match its SHA-256 in the manifest (the file is damaged)" in err
+    assert "  step_000002: trainer.pt has 9 bytes, the manifest says" in err
+    assert f"Nothing in {run_dir} was changed. To start over anyway, use a new trainer.run_dir, or " \
+           f"trainer.resume=never" in err
+    assert "Traceback" not in err and "starting fresh" not in out.stdout
+    after = _files(run_dir)
+    assert {k: v for k, v in after.items() if k in before} == before  # every checkpoint file, metrics.jsonl
+    assert set(after) - set(before) <= {"config.json"}
+
+
+def test_a_fresh_start_over_an_earlier_run_needs_an_explicit_choice(tmp_path, cli_env):
+    run_dir = tmp_path / "run"
+    before = _earlier_run(run_dir)
+    out = subprocess.run([*TRAIN, f"trainer.run_dir={run_dir}"], env=cli_env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert (f"error: trainer.run_dir={run_dir} already holds a run (checkpoints step_000002, step_000004; "
+            f"metrics.jsonl with steps 0..4) and trainer.resume is not set. Continue it with trainer.resume=auto. "
+            f"To start over anyway") in out.stderr
+    assert _files(run_dir) == before
+
+
+@pytest.mark.parametrize("resume,why", [("never", "trainer.resume=never"),
+                                        ("auto", "trainer.resume=auto found no checkpoint")])
+def test_starting_fresh_sets_the_earlier_history_aside(tmp_path, resume, why):
+    """never: the earlier checkpoints and metrics move to previous/<time>/, byte for byte; auto with no checkpoint
+    (a run killed before its first save) does the same with the steps it logged."""
+    from openmanus_rl_core.trainer import Trainer
+
+    run_dir = tmp_path / "run"
+    before = _earlier_run(run_dir)
+    if resume == "auto":
+        import shutil
+
+        shutil.rmtree(run_dir / "checkpoints")
+        before = _files(run_dir)
+    trainer = Trainer(compose(["env=key_door", f"trainer.run_dir={run_dir}"]))
+    trainer.run_dir = run_dir
+    printed: list[str] = []
+    trainer.log = printed.append
+    assert trainer._resume_point(resume) == (None, None)
+    moved = list((run_dir / "previous").iterdir())
+    assert len(moved) == 1
+    assert _files(moved[0]) == before  # everything, unchanged, under previous/<time>/
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
+    assert printed == [f"{why}: starting fresh; the earlier run's "
+                       + ("checkpoints step_000002, step_000004; " if resume == "never" else "")
+                       + f"metrics.jsonl with steps 0..4 moved to {moved[0]}"]
