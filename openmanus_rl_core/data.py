@@ -48,6 +48,7 @@ __all__ = [
     "DataError",
     "COLUMNS",
     "load_tasks",
+    "require_tasks",
     "write_tasks",
     "TaskSampler",
     "generate_tasks",
@@ -106,7 +107,7 @@ def load_tasks(path: str | os.PathLike | Sequence[str | os.PathLike], required: 
         return read_openmanus(path, table)
     columns: dict[str, list] = {}
     for col in required:
-        if col not in names and not (col == "ground_truth" and _struct_ground_truth(table) is not None):
+        if col not in names and not (col == "ground_truth" and _struct_ground_truth(path, table) is not None):
             expected = COLUMNS.get(col, ("a value",))[0]
             raise DataError(f"{path}: missing column {col!r} (expected {expected}); the file has columns {names}")
     for col in _INT_COLUMNS:
@@ -116,7 +117,7 @@ def load_tasks(path: str | os.PathLike | Sequence[str | os.PathLike], required: 
         if col in names:
             columns[col] = _str_column(path, col, table.column(col), required=col in required)
     if "ground_truth" not in names:
-        gt = _struct_ground_truth(table)
+        gt = _struct_ground_truth(path, table)
         if gt is not None:
             columns["ground_truth"] = [v if v is None or isinstance(v, str) else json.dumps(v) for v in gt]
     if "prompt" in names:
@@ -124,7 +125,7 @@ def load_tasks(path: str | os.PathLike | Sequence[str | os.PathLike], required: 
     if "extra" in names:
         columns["extra"] = _extra_column(path, table.column("extra"))
     elif "extra_info" in names and pa.types.is_struct(table.schema.field("extra_info").type):
-        columns["extra"] = [v or {} for v in table.column("extra_info").to_pylist()]
+        columns["extra"] = [v or {} for v in _pylist(path, "extra_info", table.column("extra_info"))]
     passthrough = [c for c in names if c not in columns and c not in COLUMNS]
 
     n = table.num_rows
@@ -136,7 +137,7 @@ def load_tasks(path: str | os.PathLike | Sequence[str | os.PathLike], required: 
             task[c] = values[i]
         tasks.append(task)
     for c in passthrough:
-        for task, v in zip(tasks, table.column(c).to_pylist()):
+        for task, v in zip(tasks, _pylist(path, c, table.column(c))):
             task[c] = v
     return tasks
 
@@ -210,10 +211,35 @@ def read_openmanus(path: Path, table: pa.Table) -> list[dict]:
     return tasks
 
 
+def require_tasks(tasks: list[dict], files: Any, why: str) -> list[dict]:
+    """``tasks``, or a DataError naming ``files`` when they hold none; ``why`` says what needs them and how to opt out."""
+    if not tasks:
+        raise DataError(f"{files}: no tasks (0 rows), but {why}")
+    return tasks
+
+
 def _first_null(col: pa.ChunkedArray) -> int | None:
     if col.null_count == 0:
         return None
-    return next(i for i, v in enumerate(col.to_pylist()) if v is None)
+    return next(i for i, null in enumerate(col.is_null().to_pylist()) if null)
+
+
+def _pylist(path: Path, name: str, col: pa.ChunkedArray) -> list:
+    """``col.to_pylist()``; text that is not UTF-8 (a damaged string page) is a DataError naming the row."""
+    try:
+        return col.to_pylist()
+    except UnicodeDecodeError as exc:
+        row = next((i for i in range(len(col)) if not _decodes(col, i)), "?")
+        raise DataError(f"{path}: column {name!r} row {row}: text that is not valid UTF-8 ({exc.reason}); the "
+                        f"file is damaged or was written in another encoding") from None
+
+
+def _decodes(col: pa.ChunkedArray, i: int) -> bool:
+    try:
+        col[i].as_py()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _int_column(path: Path, name: str, col: pa.ChunkedArray, required: bool) -> list[int | None]:
@@ -244,7 +270,7 @@ def _str_column(path: Path, name: str, col: pa.ChunkedArray, required: bool) -> 
         row = _first_null(col)
         if row is not None:
             raise DataError(f"{path}: column {name!r} row {row}: null value, expected string")
-    return col.to_pylist()
+    return _pylist(path, name, col)
 
 
 def _prompt_column(path: Path, col: pa.ChunkedArray, required: bool) -> list:
@@ -252,21 +278,21 @@ def _prompt_column(path: Path, col: pa.ChunkedArray, required: bool) -> list:
     chat = (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type) and {
         "role", "content"} <= {t.value_type.field(i).name for i in range(t.value_type.num_fields)}
     if chat:  # the verl layout: a list of chat messages
-        values = col.to_pylist()
+        values = _pylist(path, "prompt", col)
         if required and (row := _first_null(col)) is not None:
             raise DataError(f"{path}: column 'prompt' row {row}: null value, expected string or chat list")
         return values
-    try:
-        return _str_column(path, "prompt", col, required)
-    except DataError:
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+            or (pa.types.is_null(t) and not required)):
         raise DataError(f"{path}: column 'prompt' has type {t}, expected string "
-                        f"(or a list of {{role, content}} chat messages)") from None
+                        f"(or a list of {{role, content}} chat messages)")
+    return _str_column(path, "prompt", col, required)
 
 
 def _extra_column(path: Path, col: pa.ChunkedArray) -> list:
     t = col.type
     if pa.types.is_struct(t):
-        return [v or {} for v in col.to_pylist()]
+        return [v or {} for v in _pylist(path, "extra", col)]
     values = _str_column(path, "extra", col, required=False)
     out = []
     for i, v in enumerate(values):
@@ -281,14 +307,15 @@ def _extra_column(path: Path, col: pa.ChunkedArray) -> list:
     return out
 
 
-def _struct_ground_truth(table: pa.Table) -> list | None:
+def _struct_ground_truth(path: Path, table: pa.Table) -> list | None:
     """``reward_model.ground_truth`` of the verl layout, or None when the file has no such struct."""
     if "reward_model" not in table.column_names:
         return None
     t = table.schema.field("reward_model").type
     if not pa.types.is_struct(t) or t.get_field_index("ground_truth") < 0:
         return None
-    return [None if r is None else r.get("ground_truth") for r in table.column("reward_model").to_pylist()]
+    rows = _pylist(path, "reward_model", table.column("reward_model"))
+    return [None if r is None else r.get("ground_truth") for r in rows]
 
 
 # ------------------------------------------------------------------------------------------ writing

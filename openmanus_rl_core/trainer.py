@@ -173,7 +173,7 @@ class Trainer:
     def setup(self) -> None:
         import torch
 
-        from openmanus_rl_core.data import TaskSampler, ensure_task_files, load_tasks
+        from openmanus_rl_core.data import TaskSampler, ensure_task_files, load_tasks, require_tasks
         from openmanus_rl_core.envs import EnvErrorWatch, open_env_service
         from openmanus_rl_core.metrics import make_run_dir
         from openmanus_rl_core.plugins import make_plugin_manager
@@ -203,8 +203,15 @@ class Trainer:
         train_files, val_files = ensure_task_files(cfg, data_dir)
         self.train_tasks = load_tasks(train_files)
         self.val_tasks = load_tasks(val_files)
-        if cfg.trainer.val_max_tasks:
-            self.val_tasks = self.val_tasks[: cfg.trainer.val_max_tasks]
+        tcfg = cfg.trainer
+        validation = {k: getattr(tcfg, k) for k in ("val_freq", "val_before_train", "val_at_end")}
+        if any(validation.values()):  # an empty set would log val/* as null at every validation, silently
+            settings = " ".join(f"trainer.{k}={v}" for k, v in validation.items())
+            require_tasks(self.val_tasks, val_files, f"the run validates ({settings}); give validation tasks "
+                          f"(data.val_files, or env.val_tasks > 0) or turn validation off (trainer.val_freq=0 "
+                          f"trainer.val_before_train=false trainer.val_at_end=false)")
+        if tcfg.val_max_tasks:
+            self.val_tasks = self.val_tasks[: tcfg.val_max_tasks]
         self.sampler = TaskSampler(self.train_tasks, cfg.data.train_batch_size, seed=cfg.data.seed,
                                    shuffle=cfg.data.shuffle)
 
@@ -305,16 +312,13 @@ class Trainer:
     def _start_workers(self) -> None:
         import ray
 
+        from openmanus_rl_core.ray_node import start_ray
         from openmanus_rl_core.workers import WorkerGroup
 
         tcfg = self.cfg.trainer
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": tcfg.log_to_driver,
-                                      "configure_logging": True, "logging_level": "warning"}
-            if tcfg.ray_address:
-                ray.init(address=tcfg.ray_address, **kwargs)
-            else:
-                ray.init(num_cpus=tcfg.num_cpus or os.cpu_count() or 1, **kwargs)
+            start_ray(tcfg.ray_address, tcfg.num_cpus or os.cpu_count() or 1, log_to_driver=tcfg.log_to_driver,
+                      configure_logging=True, logging_level="warning")
             self.ray_started = True
         W = tcfg.num_workers
         groups = 2 if self.use_critic else 1
@@ -760,7 +764,7 @@ def evaluate(cfg: Any) -> int:
     from transformers import AutoModelForCausalLM
 
     from openmanus_rl_core.checkpoint import open_checkpoint
-    from openmanus_rl_core.data import ensure_task_files, load_tasks
+    from openmanus_rl_core.data import ensure_task_files, load_tasks, require_tasks
     from openmanus_rl_core.envs import open_env_service
     from openmanus_rl_core.models import _dtype, load_tokenizer, lora_scaling, merge_lora_state
     from openmanus_rl_core.registry import build, registry
@@ -806,7 +810,8 @@ def evaluate(cfg: Any) -> int:
 
     out_dir = Path(c.trainer.run_dir or (Path(ckpt).parent.parent if ckpt else "outputs/eval"))
     val_files = c.data.val_files or ensure_task_files(c, out_dir / "data")[1]
-    tasks = load_tasks(val_files)
+    tasks = require_tasks(load_tasks(val_files), val_files, "eval runs the validation tasks; give a file with tasks "
+                          "(data.val_files, or env.val_tasks > 0)")
     if c.trainer.val_max_tasks:
         tasks = tasks[: c.trainer.val_max_tasks]
     template = build("template", c.template)

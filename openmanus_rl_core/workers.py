@@ -44,6 +44,7 @@ import torch
 
 from openmanus_rl_core.batch import Batch
 from openmanus_rl_core.schema import Config, OptimConfig
+from openmanus_rl_core.ray_node import is_loopback, local_store_path, loopback_interface
 
 __all__ = [
     "WorkerGroup",
@@ -215,7 +216,10 @@ class _DistributedWorker:
             host = "127.0.0.1"
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("", 0))
-            return host, int(s.getsockname()[1])
+            port = int(s.getsockname()[1])
+        if is_loopback(host):
+            local_store_path(port).unlink(missing_ok=True)  # a killed run's file for the same port would mislead
+        return host, port
 
     # Ray runs the constructor asynchronously; set-up (which blocks until every rank joined) is a separate call
     # so that its errors surface at the driver's ray.get.
@@ -236,8 +240,13 @@ class _DistributedWorker:
             torch.cuda.set_device(self.device)
         backend = "nccl" if use_cuda else "gloo"
         if not dist.is_initialized():
-            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size,
-                                    init_method=f"tcp://{self.master_addr}:{self.master_port}")
+            if is_loopback(self.master_addr):  # a local run: nothing of the group may listen on the network
+                rendezvous = {"store": dist.FileStore(str(local_store_path(self.master_port)), self.world_size)}
+                for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                    os.environ.setdefault(var, loopback_interface() or "lo")
+            else:
+                rendezvous = {"init_method": f"tcp://{self.master_addr}:{self.master_port}"}
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, **rendezvous)
         # Broadcasting the gathered (CPU) state dict needs a CPU-capable group also when the main one is NCCL.
         self.cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
         seed = self.seed = self.cfg.seed

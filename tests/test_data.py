@@ -289,3 +289,43 @@ def test_make_uses_the_env_num_tasks_from_the_registry(tmp_path, monkeypatch):
     data.make(cfg)
     assert [t["task_id"] for t in load_tasks(tmp_path / "made" / "train.parquet")] == [0, 1, 2]
     assert [t["task_id"] for t in load_tasks(tmp_path / "made" / "val.parquet")] == [0, 1]  # 3 + 2 > 3: wrapped
+
+
+def _damage_text(path, text: bytes) -> None:
+    """Overwrite one byte inside ``text`` in the file with 0xFF (never valid UTF-8): a damaged string page."""
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(text) + 7] = 0xFF
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("column", ["prompt", "ground_truth", "notes"])
+def test_a_damaged_string_page_names_file_column_and_row(tmp_path, column):
+    """Written plain and uncompressed, the strings sit in the file as they are; one damaged byte makes row 2 of the
+    column invalid UTF-8, which pyarrow reads without complaint and Python cannot decode."""
+    path = tmp_path / "tasks.parquet"
+    table = pa.table({"task_id": [0, 1, 2, 3], "seed": [0, 0, 0, 0],
+                      column: [f"{column} value of row {i}" for i in range(4)]})
+    pq.write_table(table, path, compression="NONE", use_dictionary=False)
+    _damage_text(path, f"{column} value of row 2".encode())
+    with pytest.raises(DataError) as err:
+        load_tasks(path)
+    assert str(err.value) == (f"{path}: column {column!r} row 2: text that is not valid UTF-8 (invalid start byte); "
+                              f"the file is damaged or was written in another encoding")
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+def test_an_empty_validation_set_is_an_error_naming_the_file(tmp_path, cli_env):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    train, val = tmp_path / "train.parquet", tmp_path / "val.parquet"
+    write_tasks(train, [{"task_id": i, "seed": i} for i in range(4)])
+    pq.write_table(pa.table({"task_id": pa.array([], pa.int64()), "seed": pa.array([], pa.int64())}), val)
+    assert load_tasks(val) == []
+    cmd = [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_door", f"data.train_files={train}",
+           f"data.val_files={val}", f"trainer.run_dir={tmp_path / 'run'}", "trainer.val_freq=5"]
+    out = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert (f"error: {val}: no tasks (0 rows), but the run validates (trainer.val_freq=5 "
+            f"trainer.val_before_train=True trainer.val_at_end=True); give validation tasks") in out.stderr

@@ -1,0 +1,87 @@
+"""The Ray instance a run uses: a private single-node one that listens on loopback only, or a cluster joined by
+address.
+
+A local Ray started with its defaults listens on every interface: the GCS, the raylet, each worker's gRPC server
+and the dashboard agent would accept connections from the whole network, and Ray's RPCs run code. Ray binds its
+servers to 127.0.0.1 only when the node's address is loopback, and it turns a loopback ``_node_ip_address`` into
+the machine's routable address unless its "local only" switch (the environment variable below, read when
+``ray._private.ray_constants`` is imported) is off. So a local start sets that switch before Ray reads it, starts
+without a dashboard, and checks the address the node got. A cluster joined with ``trainer.ray_address`` is used
+as its operator configured it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+__all__ = ["start_ray", "is_loopback", "LOCAL_ONLY_ENV", "local_store_path", "loopback_interface"]
+
+# Ray reads this at import: "0" makes a local node's address 127.0.0.1 (loopback) instead of the routable one.
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def is_loopback(ip: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback (``::ffff:127.0.0.1``)."""
+    addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+def local_store_path(port: int) -> Path:
+    """The rendezvous file of a single-node process group (torch's TCP store would listen on every interface)."""
+    return Path(tempfile.gettempdir()) / f"openmanus-rl-store-{os.getuid()}-{int(port)}"
+
+
+def loopback_interface() -> str | None:
+    """The name of the network interface that holds 127.0.0.1 (``lo`` on Linux), for gloo's and NCCL's sockets."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == "127.0.0.1" for a in addrs):
+            return name
+    return None
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the callers' finally blocks: ray.shutdown() runs
+
+
+def start_ray(address: str | None, num_cpus: int, **init_kwargs: Any) -> None:
+    """``ray.init``: join ``address`` when given, else start a local node bound to 127.0.0.1 with ``num_cpus``.
+
+    Raises RuntimeError (after stopping it again) if the local node came up on a non-loopback address. Afterwards
+    SIGTERM raises SystemExit in the driver (replacing the handler Ray's core installs, which aborts the process),
+    so a terminated run shuts Ray down like one that ends or fails.
+    """
+    try:
+        _start(address, num_cpus, init_kwargs)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _start(address: str | None, num_cpus: int, init_kwargs: dict) -> None:
+    if address:
+        import ray
+
+        ray.init(address=str(address), include_dashboard=False, **init_kwargs)
+        return
+    os.environ[LOCAL_ONLY_ENV] = "0"  # before Ray's constants are read; the Ray processes inherit it
+    import ray
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False  # Ray was imported before this call (a plugin, a test): same switch
+    ray.init(num_cpus=int(num_cpus), include_dashboard=False, **init_kwargs)
+    node_ip = ray.util.get_node_ip_address()
+    if not is_loopback(node_ip):
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray node came up on {node_ip}, not on 127.0.0.1, so it would listen on the "
+                           f"network; this Ray version ignores {LOCAL_ONLY_ENV}=0. Start Ray yourself "
+                           f"(`ray start --head --node-ip-address=127.0.0.1`) and pass trainer.ray_address=auto")
