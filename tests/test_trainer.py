@@ -324,6 +324,45 @@ def test_a_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_
 
 
 @pytest.mark.slow
+def test_auto_resume_falls_back_from_a_refused_newest_checkpoint(tmp_path, cli_env, uninterrupted):
+    """The newest checkpoint (step 4) holds a pickle that runs code, with a manifest rewritten to match: the load
+    refuses it, the run resumes from step 2 with a warning, and metrics.jsonl, cut back to step 2, ends equal to the
+    uninterrupted run's."""
+    import shutil
+
+    from openmanus_rl_core.checkpoint import _sha256
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(uninterrupted, resumed)
+    step4 = resumed / "checkpoints" / "step_000004"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    import torch
+
+    torch.save({"state": Evil()}, step4 / "optimizer.pt")
+    manifest = json.loads((step4 / "COMPLETE").read_text())
+    manifest["files"]["optimizer.pt"] = {"size": (step4 / "optimizer.pt").stat().st_size,
+                                         "sha256": _sha256(step4 / "optimizer.pt")}
+    (step4 / "COMPLETE").write_text(json.dumps(manifest))
+    out = subprocess.run(_cli(resumed, ["trainer.resume=auto"]), env=cli_env, capture_output=True, text=True,
+                         timeout=600)
+    printed = out.stdout + out.stderr
+    assert out.returncode == 0, printed[-3000:]
+    assert ("WARNING: checkpoint of step 4 refused, trying the one before: "
+            f"{step4 / 'optimizer.pt'}: refused by torch.load(weights_only=True): it asks for the Python object "
+            "`posix.system`") in printed
+    assert "weights_only` set to `False`" not in printed
+    assert f"resumed from {resumed / 'checkpoints' / 'step_000002'} (step 2)" in printed
+    assert not (tmp_path / "pwned").exists()
+    a, b = _records(uninterrupted), _records(resumed)
+    assert [r["step"] for r in b] == [0, 1, 2, 3, 4, 5]
+    _assert_same_metrics(a, b)
+
+
+@pytest.mark.slow
 def test_a_worker_that_dies_mid_step_is_restarted_from_the_checkpoint(tmp_path, cli_env, uninterrupted):
     """An actor rank exits during step 3's update (after step 2's checkpoint): the trainer starts new workers, goes
     back to step 2's checkpoint, and finishes; every step is logged once, with an uninterrupted run's values."""
