@@ -334,6 +334,7 @@ def test_auto_resume_falls_back_from_a_refused_newest_checkpoint(tmp_path, cli_e
 
     resumed = tmp_path / "resumed"
     shutil.copytree(uninterrupted, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000005")  # as if killed before its last save
     step4 = resumed / "checkpoints" / "step_000004"
 
     class Evil:
