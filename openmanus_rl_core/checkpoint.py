@@ -48,7 +48,6 @@ __all__ = [
     "latest_checkpoint",
     "load_latest_checkpoint",
     "open_checkpoint",
-    "resolve_checkpoint",
     "checkpoint_problem",
     "list_checkpoints",
     "prune_checkpoints",
@@ -333,7 +332,8 @@ def latest_checkpoint(run_dir: str | os.PathLike, verify: str | None = "sha256")
     """The newest checkpoint under ``run_dir/checkpoints`` that passes :func:`checkpoint_problem`.
 
     Temporary folders and folders without a marker are never picked; a damaged checkpoint is
-    skipped (with a logged warning) in favour of the previous one. None when there is none.
+    skipped (with a logged warning) in favour of the previous one. None when there is none. Only
+    the manifest is checked: :func:`load_latest_checkpoint` also loads, and goes back on a refused load.
     """
     for step, path in reversed(list_checkpoints(run_dir)):
         problem = checkpoint_problem(path, verify)
@@ -341,18 +341,6 @@ def latest_checkpoint(run_dir: str | os.PathLike, verify: str | None = "sha256")
             return path
         log.warning("skipping checkpoint of step %d: %s", step, problem)
     return None
-
-
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint folder from a checkpoint folder, a run directory, or its ``checkpoints`` folder."""
-    path = Path(path).expanduser()
-    if _is_step_folder(path):  # a step folder: let the caller report its state
-        return path
-    found = latest_checkpoint(_run_dir_of(path))
-    if found is None:
-        raise CheckpointError(f"{path}: no complete checkpoint here; pass a checkpoints/step_N folder or a run "
-                              f"directory that has one")
-    return found
 
 
 def _is_step_folder(path: Path) -> bool:
