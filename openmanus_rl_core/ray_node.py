@@ -73,12 +73,23 @@ def _start(address: str | None, num_cpus: int, init_kwargs: dict) -> None:
 
         ray.init(address=str(address), include_dashboard=False, **init_kwargs)
         return
-    os.environ[LOCAL_ONLY_ENV] = "0"  # before Ray's constants are read; the Ray processes inherit it
+    # Set for ray.init only (the node's processes inherit it): left set, it would stop this process's children
+    # from forming a multi-node cluster (`ray start` refuses to join one).
+    before_env = os.environ.get(LOCAL_ONLY_ENV)
+    os.environ[LOCAL_ONLY_ENV] = "0"  # before Ray's constants are read
     import ray
     from ray._private import ray_constants
 
+    before = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False  # Ray was imported before this call (a plugin, a test): same switch
-    ray.init(num_cpus=int(num_cpus), include_dashboard=False, **init_kwargs)
+    try:
+        ray.init(num_cpus=int(num_cpus), include_dashboard=False, **init_kwargs)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+        if before_env is None:
+            os.environ.pop(LOCAL_ONLY_ENV, None)
+        else:
+            os.environ[LOCAL_ONLY_ENV] = before_env
     node_ip = ray.util.get_node_ip_address()
     if not is_loopback(node_ip):
         ray.shutdown()
