@@ -1,0 +1,58 @@
+"""The token pieces of a chat template around turns (:class:`ChatDelta`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class ChatDelta:
+    """The token pieces a chat template puts around turns, found once from fixed dummy contents.
+
+    - ``prompt_ids(system, user)``: the first prompt, ending with the assistant header.
+    - ``obs_ids(obs_ids, reply_ids)``: tokens between a reply and the next reply: ``[<end of assistant turn>] +
+      <user header> + obs_ids + <end of user turn> + <assistant header>``; the end-of-turn tokens are left out when
+      the reply already ends with them (the model generated its EOS).
+    """
+
+    _D = ("OMRLdummyA", "OMRLdummyB", "OMRLdummyC", "OMRLdummyS")
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        a, b, c, s = self._D
+        full = self._render([("system", s), ("user", a), ("assistant", b), ("user", c)], True)
+        closed = self._render([("system", s), ("user", a), ("assistant", b)], False)
+        for d in (b, c):
+            if full.count(d) != 1:
+                raise ValueError("the tokenizer's chat template does not render plain message contents verbatim; "
+                                 "it cannot be used for multi-turn rollouts")
+        mid = full[full.index(b) + len(b): full.index(c)]
+        tail = full[full.index(c) + len(c):]
+        close = closed[closed.index(b) + len(b):] if closed.count(b) == 1 else ""
+        self.mid_ids = self.encode(mid)
+        self.tail_ids = self.encode(tail)
+        # The assistant turn's end marker (e.g. "<|im_end|>", without the newline that follows it).
+        self.end_ids = self.encode(close.rstrip()) if close.strip() else []
+        if self.end_ids and self.mid_ids[: len(self.end_ids)] != self.end_ids:
+            self.end_ids = []
+
+    def _render(self, messages: list[tuple[str, str]], gen: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            [{"role": r, "content": t} for r, t in messages], tokenize=False, add_generation_prompt=gen
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, system: str, user: str) -> list[int]:
+        text = self._render([("system", system), ("user", user)], True)
+        return self.encode(text)
+
+    def obs_ids(self, obs_ids: Sequence[int], reply_ids: Sequence[int]) -> list[int]:
+        mid = self.mid_ids
+        k = len(self.end_ids)
+        if k and len(reply_ids) >= k and list(reply_ids[-k:]) == self.end_ids:
+            mid = mid[k:]
+        return list(mid) + list(obs_ids) + list(self.tail_ids)
+

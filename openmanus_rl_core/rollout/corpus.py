@@ -1,0 +1,52 @@
+"""The tiny default's tokenizer corpus: what the model will read and write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from openmanus_rl_core.rollout.env_pool import describe_error
+from openmanus_rl_core.rollout.tasks import start_task
+
+
+def tokenizer_corpus(env_factory: Callable[[], Any], template: Any, tasks: Sequence[Mapping[str, Any]],
+                     max_turns: int = 8) -> list[str]:
+    """Texts for training the tiny default's tokenizer: what the model will read and write.
+
+    For each task: the system prompt, the first observation, and, when the env has ``oracle_action`` (an
+    ``OracleEnv``), the oracle episode's rendered replies (``template.render``) and observations. A task whose
+    episode fails is skipped (the corpus is best effort), but an env that cannot be built fails at once (its
+    factory would fail for every task: a server that cannot start must not be started once per task), and so does
+    a corpus where every task failed (:class:`~openmanus_rl_core.envs.EnvUnavailableError`, naming the first error).
+    """
+    from openmanus_rl_core.envs import EnvUnavailableError
+
+    texts: list[str] = []
+    started, first_error = 0, None
+    for task in tasks:
+        env = env_factory()
+        try:
+            system = template.system_prompt(str(getattr(env, "instruction", "") or ""))
+            texts += [system, start_task(env, task)]
+            started += 1
+            if not hasattr(env, "oracle_action"):
+                continue
+            for _ in range(max_turns):
+                action = env.oracle_action()
+                texts.append(template.render(action))
+                res = env.step(action)
+                texts.append(res.observation)
+                if res.done:
+                    break
+        except Exception as exc:  # noqa: BLE001  (best effort: a failing task adds nothing more)
+            first_error = first_error or exc
+        finally:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001
+                pass
+    if tasks and not started:
+        raise EnvUnavailableError(f"no tokenizer corpus: every one of {len(tasks)} tasks failed to start; the first "
+                                  f"error: {describe_error(first_error)}")
+    return texts

@@ -1,0 +1,44 @@
+"""One episode's trajectory and tokens, as the loop produces it and the batch assembly reads it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from openmanus_rl_core.protocols import (
+    Trajectory,
+)
+
+
+@dataclass
+class Episode:
+    """One finished episode: its trajectory and its tokens.
+
+    ``response_mask[i]`` is 1 on tokens the model generated, 0 on observation / chat-template tokens;
+    ``logprobs`` is aligned with ``response_ids`` (the engine's log-prob on mask-1 tokens, 0 elsewhere).
+    ``truncated``: a token limit cut something (the prompt, an observation, or the episode itself).
+    ``anchor_obs[t]``: the observation turn ``t`` acted on. ``uid``: unique per sample.
+    """
+
+    trajectory: Trajectory
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    truncated: bool = False
+    anchor_obs: list[str] = field(default_factory=list)
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def group_id(self) -> Any:
+        return self.trajectory.group_id
+
+    @property
+    def step_ids(self) -> list[int]:
+        """Per response token: the turn index on that turn's reply tokens, -1 elsewhere."""
+        out = [-1] * len(self.response_ids)
+        for t, (s, e) in enumerate(self.trajectory.segments):
+            out[s:e] = [t] * (e - s)
+        return out

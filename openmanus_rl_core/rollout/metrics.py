@@ -1,0 +1,53 @@
+"""Scalars over a rollout (success, turns, terminations, lengths, throughput).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from openmanus_rl_core.protocols import (
+    TERMINATIONS,
+)
+from openmanus_rl_core.rollout.episode import Episode
+
+
+def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None) -> dict[str, float]:
+    """Scalars over a rollout: ``rollout/success_rate``, ``rollout/turns/mean``, ``rollout/termination/<reason>``
+    (counts), ``rollout/response_length/{mean,max}``, ``rollout/agent_tokens/mean``, ``rollout/truncated``
+    (fraction), ``rollout/env_reward/mean`` and throughput (``rollout/episodes_per_s``, ``rollout/turns_per_s``,
+    ``rollout/tokens_per_s`` over generated tokens) when the elapsed time is known (``elapsed_s`` or the
+    ``rollout_time_s`` the loop stores in each trajectory's info).
+    """
+    n = len(episodes)
+    if n == 0:
+        return {}
+    trajs = [e.trajectory for e in episodes]
+    turns = sum(t.num_turns for t in trajs)
+    agent_tokens = sum(sum(e.response_mask) for e in episodes)
+    out: dict[str, float] = {
+        "rollout/episodes": float(n),
+        "rollout/success_rate": sum(bool(t.success) for t in trajs) / n,
+        "rollout/turns/mean": turns / n,
+        "rollout/response_length/mean": sum(len(e.response_ids) for e in episodes) / n,
+        "rollout/response_length/max": float(max(len(e.response_ids) for e in episodes)),
+        "rollout/prompt_length/mean": sum(len(e.prompt_ids) for e in episodes) / n,
+        "rollout/agent_tokens/mean": agent_tokens / n,
+        "rollout/truncated": sum(e.truncated for e in episodes) / n,
+        "rollout/env_reward/mean": sum(t.env_reward for t in trajs) / n,
+    }
+    counts = Counter(t.termination for t in trajs)
+    for reason in TERMINATIONS:
+        out[f"rollout/termination/{reason}"] = float(counts.get(reason, 0))
+    for reason, c in counts.items():
+        out[f"rollout/termination/{reason}"] = float(c)
+    if elapsed_s is None:
+        times = [t.info.get("rollout_time_s") for t in trajs if t.info.get("rollout_time_s")]
+        elapsed_s = max(times) if times else None
+    if elapsed_s:
+        out["rollout/time_s"] = float(elapsed_s)
+        out["rollout/episodes_per_s"] = n / elapsed_s
+        out["rollout/turns_per_s"] = turns / elapsed_s
+        out["rollout/tokens_per_s"] = agent_tokens / elapsed_s
+    return out
+
