@@ -11,7 +11,7 @@ yet (see bench/RESULTS.md); the numbers come from the first run with ``--write``
 Model: ``transformers.Qwen2ForCausalLM`` from ``Qwen2Config(hidden 896, 24 layers, 14 heads, 2 KV heads,
 intermediate 4864, vocab 151936, tied embeddings)`` -- Qwen2-0.5B's shape -- randomly initialised (no download).
 
-Training: the actor's code path (:func:`openmanus_rl_core.workers.apply_fsdp`: FSDP2 ``fully_shard`` per decoder
+Training: the actor's code path (:func:`openmanus_rl_core.distributed.fsdp.apply_fsdp`: FSDP2 ``fully_shard`` per decoder
 layer, then the root, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``; fp32 master weights, AdamW),
 NCCL process group, optional HF activation checkpointing. One step = forward + cross-entropy over ``--batch`` x
 ``--seq-len`` random tokens, backward, optimizer step. Timed over ``--steps`` steps after ``--warmup``, with
@@ -113,7 +113,7 @@ def bench_training(args, rank: int, world: int, device) -> dict:
     import torch
     import torch.distributed as dist
 
-    from openmanus_rl_core.workers import apply_fsdp
+    from openmanus_rl_core.distributed.fsdp import apply_fsdp
 
     model = build_model(args.seed, args.shape)
     n_params = sum(p.numel() for p in model.parameters())  # tied embedding counted once

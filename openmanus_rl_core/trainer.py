@@ -312,8 +312,8 @@ class Trainer:
     def _start_workers(self) -> None:
         import ray
 
-        from openmanus_rl_core.ray_node import start_ray
-        from openmanus_rl_core.workers import WorkerGroup
+        from openmanus_rl_core.distributed.ray_node import start_ray
+        from openmanus_rl_core.distributed.worker_group import WorkerGroup
 
         tcfg = self.cfg.trainer
         if not ray.is_initialized():
@@ -595,7 +595,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ fit
     def fit(self) -> dict[str, float]:
         from openmanus_rl_core.metrics import LearningSignalWatch, MetricsLogger, ProgressBar, plot_rewards
-        from openmanus_rl_core.workers import WorkerGroupError
+        from openmanus_rl_core.distributed.worker_group import WorkerGroupError
 
         tcfg = self.cfg.trainer
         self.skipped_steps = 0

@@ -167,7 +167,7 @@ def run_warmup(step_fn: Callable[[list[Batch], float], list[dict]], demos: Seque
     observation) appears abruptly after a plateau, and a decaying LR delays it. The order of demonstrations is a
     fixed function of ``seed``.
     """
-    from openmanus_rl_core.workers import make_lr_lambda
+    from openmanus_rl_core.algorithms.schedules import make_lr_lambda
 
     lr_at = make_lr_lambda(lr_schedule, steps, max(1, int(warmup_ratio * steps)), min_lr_ratio=0.1)
     t0 = time.perf_counter()

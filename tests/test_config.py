@@ -119,11 +119,13 @@ ALIASES = {
     "*": {"cfg": schema.Config, "c": schema.Config, "self.cfg": schema.Config, "tcfg": schema.TrainerConfig,
           "wcfg": schema.WarmupConfig, "algo": schema.AlgorithmConfig, "self.algo": schema.AlgorithmConfig,
           "rcfg": schema.RolloutConfig, "model_cfg": schema.ModelConfig, "lora_cfg": schema.LoraConfig},
-    "workers.py": {"ocfg": (schema.ActorConfig, schema.CriticConfig),
-                   "self.optim_cfg": (schema.ActorConfig, schema.CriticConfig)},
-    "rollout.py": {"cfg": schema.RolloutConfig, "self.cfg": schema.RolloutConfig},
+    "workers": {"ocfg": (schema.ActorConfig, schema.CriticConfig),
+                "self.optim_cfg": (schema.ActorConfig, schema.CriticConfig)},
+    "rollout": {"cfg": schema.RolloutConfig, "self.cfg": schema.RolloutConfig},
     "cli.py": {"c": None},  # a column name
     "rewards.py": {"cfg": None},  # the reward components mapping
+    "algorithms": {"cfg": None, "ocfg": (schema.ActorConfig, schema.CriticConfig)},  # cfg: kwargs of an estimator or loss
+    "engines": {"cfg": None},  # a Hugging Face model config
 }
 # Fields read as a whole (dataclasses.asdict) by the component they configure, not field by field.
 READ_AS_A_WHOLE = {
@@ -156,10 +158,11 @@ def _field_names(kinds) -> set[str]:
 def _reads() -> tuple[set[str], list[str]]:
     """Schema keys the core reads (dotted, from the section down), and reads of fields that do not exist."""
     read, outside = set(), []
-    for path in sorted(CORE.glob("*.py")):
+    for path in sorted(CORE.rglob("*.py")):
         if path.name in ("schema.py", "config.py"):
             continue
-        aliases = {**ALIASES["*"], **ALIASES.get(path.name, {})}
+        # A package's files share one entry (its folder's name); a top-level module has its own.
+        aliases = {**ALIASES["*"], **ALIASES.get(path.relative_to(CORE).parts[0], {})}
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             chain = _chain(node) if isinstance(node, ast.Attribute) else None
@@ -218,7 +221,7 @@ def test_every_schema_key_is_read_and_nothing_outside_it():
 
 def test_no_select_and_no_restated_defaults_in_the_core():
     """The code reads typed fields: no select(cfg, key, default), no cfg.get(key, default) on a config."""
-    for path in sorted(CORE.glob("*.py")):
+    for path in sorted(CORE.rglob("*.py")):
         text = path.read_text()
         assert "select(cfg" not in text and "select(c," not in text and "select(self.cfg" not in text, path.name
         assert "_get(model_cfg" not in text and "wcfg.get(" not in text and "algo.get(" not in text, path.name

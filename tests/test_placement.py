@@ -25,7 +25,7 @@ pytestmark = pytest.mark.cluster
 
 ray = pytest.importorskip("ray")
 
-from openmanus_rl_core.placement import node_of_each_bundle, worker_placement  # noqa: E402
+from openmanus_rl_core.distributed.placement import node_of_each_bundle, worker_placement  # noqa: E402
 
 BIN = Path(sys.executable).parent
 RAY = str(BIN / "ray")

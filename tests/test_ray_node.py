@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from openmanus_rl_core.ray_node import is_loopback
+from openmanus_rl_core.distributed.ray_node import is_loopback
 
 SMALL = [
     "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",

@@ -15,12 +15,13 @@ import torch
 ray = pytest.importorskip("ray")
 
 from openmanus_rl_core.schema import Config, TrainerConfig  # noqa: E402
-from openmanus_rl_core.workers import WorkerGroup, WorkerGroupError, _DistributedWorker  # noqa: E402
+from openmanus_rl_core.distributed.worker_group import WorkerGroup, WorkerGroupError  # noqa: E402
+from openmanus_rl_core.workers import Worker  # noqa: E402
 
 CFG = Config(seed=0, trainer=TrainerConfig(torch_threads=1, device="cpu"))
 
 
-class _SumWorker(_DistributedWorker):
+class _SumWorker(Worker):
     """All-reduces its rank; rank ``fail_rank`` raises (or exits) before reaching the collective."""
 
     def setup(self, master_addr: str, master_port: int) -> dict:

@@ -9,14 +9,10 @@ import pytest
 import torch
 
 from openmanus_rl_core.batch import Batch
-from openmanus_rl_core.workers import (
-    ActorWorker,
-    CriticWorker,
-    _minibatches,
-    _value_positions,
-    make_lr_lambda,
-    sequence_logprobs,
-)
+from openmanus_rl_core.algorithms.schedules import make_lr_lambda
+from openmanus_rl_core.workers import ActorWorker, CriticWorker, sequence_logprobs
+from openmanus_rl_core.workers.base import _minibatches
+from openmanus_rl_core.workers.critic import _value_positions
 
 
 def _cfg(*overrides):
@@ -277,7 +273,7 @@ def test_critic_values_start_at_zero_and_regress_towards_the_returns(model_dir, 
     try:
         import unittest.mock
 
-        with unittest.mock.patch("openmanus_rl_core.workers._value_positions", wraps=_value_positions) as spy:
+        with unittest.mock.patch("openmanus_rl_core.workers.critic._value_positions", wraps=_value_positions) as spy:
             assert torch.equal(critic.compute_values(batch), values)
         assert spy.call_count == -(-len(batch) // 3)
     finally:

@@ -1,5 +1,4 @@
-"""Episodes into a training :class:`~openmanus_rl_core.batch.Batch`, with the reward placed on tokens by the allocator.
-"""
+"""Episodes into a training :class:`~openmanus_rl_core.batch.Batch`, with the reward placed on tokens by the allocator."""
 
 from __future__ import annotations
 

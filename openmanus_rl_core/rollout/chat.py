@@ -1,5 +1,4 @@
-"""The token pieces of a chat template around turns (:class:`ChatDelta`).
-"""
+"""The token pieces of a chat template around turns (:class:`ChatDelta`)."""
 
 from __future__ import annotations
 

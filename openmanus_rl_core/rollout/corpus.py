@@ -1,5 +1,4 @@
-"""The tiny default's tokenizer corpus: what the model will read and write.
-"""
+"""The tiny default's tokenizer corpus: what the model will read and write."""
 
 from __future__ import annotations
 

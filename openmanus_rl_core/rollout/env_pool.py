@@ -1,5 +1,4 @@
-"""Blocking env calls (reset, step, close) on daemon threads, each with its own timeout.
-"""
+"""Blocking env calls (reset, step, close) on daemon threads, each with its own timeout."""
 
 from __future__ import annotations
 

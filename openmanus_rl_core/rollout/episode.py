@@ -1,5 +1,4 @@
-"""One episode's trajectory and tokens, as the loop produces it and the batch assembly reads it.
-"""
+"""One episode's trajectory and tokens, as the loop produces it and the batch assembly reads it."""
 
 from __future__ import annotations
 

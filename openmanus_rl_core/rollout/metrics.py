@@ -1,5 +1,4 @@
-"""Scalars over a rollout (success, turns, terminations, lengths, throughput).
-"""
+"""Scalars over a rollout (success, turns, terminations, lengths, throughput)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Tasks into episodes: expanding a task into its group of samples, and starting a task on an env.
-"""
+"""Tasks into episodes: expanding a task into its group of samples, and starting a task on an env."""
 
 from __future__ import annotations
 

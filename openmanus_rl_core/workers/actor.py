@@ -1,0 +1,247 @@
+"""The policy worker: FSDP2-sharded model, reference policy, rollout engine, log-probs, updates, weight sync."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from typing import Any, Mapping
+
+import torch
+
+from openmanus_rl_core.algorithms.schedules import make_optimizer
+from openmanus_rl_core.batch import Batch
+from openmanus_rl_core.distributed.fsdp import apply_fsdp, gather_full_state
+from openmanus_rl_core.workers.base import Worker, _micro
+from openmanus_rl_core.workers.logprobs import sequence_logprobs
+from openmanus_rl_core.workers.rng import saved_generator
+
+
+class ActorWorker(Worker):
+    """One rank of the policy group (see the module docstring).
+
+    ``model_dir``: a Hugging Face folder (model + tokenizer) every rank loads, so all ranks start from the very
+    same weights. ``total_steps`` sizes the LR schedule.
+    """
+
+    role = "actor"
+
+    # ------------------------------------------------------------------------------------------------ set-up
+    def setup(self, master_addr: str, master_port: int) -> dict:
+        from transformers import AutoModelForCausalLM
+
+        from openmanus_rl_core.models import (
+            _dtype,
+            apply_lora,
+            load_tokenizer,
+            lora_scaling,
+        )
+
+        self.setup_distributed(master_addr, master_port)
+        cfg = self.cfg
+        self.tokenizer = load_tokenizer(self.model_dir)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, local_files_only=True,
+                                                     dtype=_dtype(cfg.model.dtype))
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        # The rollout engine's unsharded copy (FSDP2 shards in place, so copy first). With LoRA the engine holds
+        # the plain model and receives merged weights (base + scaled B @ A): no adapter branches at generation.
+        engine_model = copy.deepcopy(model).eval()
+        model = apply_lora(model, cfg.model.lora)
+        model.train()
+        self.lora = cfg.model.lora.enabled
+        self.lora_scaling = lora_scaling(cfg.model.lora) if self.lora else None
+        for p in engine_model.parameters():
+            p.requires_grad_(False)
+        # The rollout engine by name (registry "engine"; hf by default), over the unsharded copy.
+        from openmanus_rl_core.registry import build
+
+        self.engine = build("engine", {"name": cfg.rollout.engine, "kwargs": cfg.rollout.engine_kwargs},
+                            model=engine_model, tokenizer=self.tokenizer, device=self.device,
+                            seed=cfg.seed * 1000 + self.rank)
+        # The reference policy (frozen initial weights), only when a KL term needs it.
+        self.use_ref = cfg.algorithm.use_kl_in_reward or cfg.algorithm.use_kl_loss
+        self.ref = None
+        if self.use_ref:
+            ref = copy.deepcopy(model).eval()
+            for p in ref.parameters():
+                p.requires_grad_(False)
+            self.ref = apply_fsdp(ref.to(self.device), cfg.trainer.mixed_precision)
+        self.model = apply_fsdp(model.to(self.device), cfg.trainer.mixed_precision)
+        self.optim_cfg = cfg.actor
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer, self.scheduler = make_optimizer(params, self.optim_cfg, self.total_steps)
+        self.temperature = cfg.rollout.temperature
+        self._env_factory = None
+        self._template = None
+        self.warm_optimizer = None
+        n_params = sum(p.numel() for p in self.model.parameters())
+        return {"rank": self.rank, "device": str(self.device), "params": int(n_params),
+                "trainable": int(sum(p.numel() for p in params))}
+
+    def _agent_parts(self):
+        """Template and env factory, built once per worker from the registries."""
+        if self._template is None:
+            from openmanus_rl_core.registry import build
+
+            self._template = build("template", self.cfg.template)
+            self._env_factory = lambda: build("env", self.cfg.env)
+        return self._template, self._env_factory
+
+    # ---------------------------------------------------------------------------------------------- rollout
+    def rollout(self, tasks: list[dict], overrides: Mapping[str, Any] | None = None, keep_rng: bool = False) -> list:
+        """Run the agent loop over ``tasks`` (this rank's share) and return its episodes, in task order.
+
+        ``overrides``: rollout config values for this call (validation passes ``temperature`` / ``greedy``).
+        ``keep_rng``: leave the sampling generator's state as it was (validation must not shift the training
+        samples, so a resumed run samples the same as an uninterrupted one).
+        """
+        from openmanus_rl_core.rollout import AgentLoop
+
+        template, env_factory = self._agent_parts()
+        rcfg = dataclasses.replace(self.cfg.rollout, **dict(overrides or {}))
+        loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, rcfg)
+        try:
+            if keep_rng:
+                with saved_generator(self.engine.generator):
+                    return loop.run(tasks)
+            return loop.run(tasks)
+        finally:
+            # Colocated on one device: hand the engine's memory to training until the next generate / weight push.
+            if self.cfg.rollout.sleep_after_rollout and hasattr(self.engine, "sleep"):
+                self.engine.sleep()
+
+    # ------------------------------------------------------------------------------------------- log-probs
+    @torch.no_grad()
+    def compute_log_probs(self, batch: Batch, with_ref: bool = True, with_old: bool = True) -> dict[str, torch.Tensor]:
+        """``old_log_probs`` (current policy) and ``ref_log_probs`` (reference policy) for this rank's rows,
+        ``actor.log_prob_micro_batch_size`` rows per forward pass."""
+        out: dict[str, torch.Tensor] = {}
+        parts = _micro(batch.to(self.device), self.optim_cfg.log_prob_micro_batch_size)
+        if with_old:
+            self.model.eval()
+            out["old_log_probs"] = torch.cat([sequence_logprobs(self.model, mb, self.temperature)[0]
+                                              for mb in parts]).cpu()
+            self.model.train()
+        if with_ref and self.ref is not None:
+            out["ref_log_probs"] = torch.cat([sequence_logprobs(self.ref, mb, self.temperature)[0]
+                                              for mb in parts]).cpu()
+        return out
+
+    # ---------------------------------------------------------------------------------------------- update
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        """PPO-style policy update over this rank's rows; returns metrics averaged over mini-batches.
+
+        Batch needs ``input_ids, attention_mask, position_ids, responses, response_mask, advantages`` and either
+        ``old_log_probs`` or nothing (then the update is on-policy with one mini-batch and one epoch, and the old
+        log-probs are the detached current ones). With ``use_kl_loss`` also ``ref_log_probs``.
+
+        Per mini-batch: ``loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl``; gradients are clipped to
+        ``actor.grad_clip``; a non-finite loss or gradient norm (on any rank) skips the optimizer step.
+        """
+        from openmanus_rl_core.algorithms import agg_loss, kl_penalty
+        from openmanus_rl_core.registry import registry
+
+        algo = self.cfg.algorithm
+        loss_fn = registry("loss").get(algo.policy_loss)
+        loss_cfg = dict(algo.loss_cfg)
+        agg_mode = loss_cfg["agg_mode"]
+        use_kl_loss = algo.use_kl_loss and self.ref is not None
+
+        def part_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+            logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True)
+            mask = part["response_mask"]
+            old = part["old_log_probs"] if "old_log_probs" in part else logp.detach()
+            pg_loss, pg_metrics = loss_fn(old, logp, part["advantages"], mask, **loss_cfg)
+            ent = agg_loss(entropy, mask, agg_mode)
+            loss = pg_loss - algo.entropy_coeff * ent if algo.entropy_coeff else pg_loss
+            stats = {"actor/pg_loss": float(pg_metrics.get("pg_loss", float(pg_loss.detach()))),
+                     "actor/entropy": float(ent.detach()),
+                     "actor/pg_clipfrac": float(pg_metrics.get("clipfrac", 0.0)),
+                     "actor/ppo_kl": float(pg_metrics.get("approx_kl", 0.0))}
+            if use_kl_loss:
+                kl = agg_loss(kl_penalty(logp, part["ref_log_probs"], algo.kl_loss_type), mask, agg_mode)
+                loss = loss + algo.kl_loss_coef * kl
+                stats["actor/kl_loss"] = float(kl.detach())
+            return loss, stats
+
+        return self._update_loop(batch, step, part_loss, "actor/loss")
+
+    # ---------------------------------------------------------------------------------- supervised warm-up
+    def sft_update(self, batch: Batch, lr: float, grad_clip: float) -> dict[str, float]:
+        """One supervised step on demonstrations: token-mean cross-entropy over ``loss_mask``.
+
+        Batch: ``input_ids, attention_mask, position_ids, loss_mask`` (all ``[B, L]``; ``loss_mask[b, t] = 1``
+        where token ``t`` is a demonstrated agent token). A separate AdamW (created on the first call, dropped by
+        :meth:`end_warmup`) so the RL optimizer's moments start clean.
+        """
+        if self.warm_optimizer is None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            self.warm_optimizer = torch.optim.AdamW(params, lr=float(lr), weight_decay=0.0)
+        for g in self.warm_optimizer.param_groups:
+            g["lr"] = float(lr)
+        batch = batch.to(self.device)
+        self.model.train()
+        self.warm_optimizer.zero_grad(set_to_none=True)
+        ids = batch["input_ids"]
+        out = self.model(input_ids=ids, attention_mask=batch["attention_mask"],
+                         position_ids=batch["position_ids"], use_cache=False)
+        logits = out.logits[:, :-1, :].float()
+        targets = ids[:, 1:]
+        mask = batch["loss_mask"][:, 1:].to(logits.dtype)
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                                reduction="none").view_as(mask)
+        loss = (nll * mask).sum() / mask.sum().clamp_min(1.0)
+        loss.backward()
+        grad_norm, ok = self._clip_and_step(self.warm_optimizer, float(loss.detach()), grad_clip)
+        with torch.no_grad():
+            acc = ((logits.argmax(-1) == targets).to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1.0)
+        return {"loss": float(loss.detach()), "grad_norm": grad_norm, "token_acc": float(acc), "skipped": float(not ok)}
+
+    def end_warmup(self) -> None:
+        self.warm_optimizer = None
+
+    # -------------------------------------------------------------------------------------- weight sync
+    def sync_rollout_weights(self) -> float:
+        """Push the trained weights into this rank's rollout engine (in memory); returns seconds taken.
+
+        Gathers the full state dict on rank 0 (CPU), merges LoRA adapters into their base weights when LoRA is on,
+        broadcasts each tensor over the CPU group, then every rank loads it into its engine.
+        """
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        sd = gather_full_state(self.model, self.rank)
+        if self.rank == 0:
+            sd = self._engine_weights(sd)  # with LoRA, merge before the broadcast: fewer, plain tensors
+        meta = [[(k, tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in sd.items()]] if self.rank == 0 \
+            else [None]
+        if self.world_size > 1:
+            dist.broadcast_object_list(meta, src=0, group=self.cpu_group)
+            if self.rank != 0:
+                sd = {k: torch.empty(shape, dtype=getattr(torch, dt)) for k, shape, dt in meta[0]}
+            for k in [m[0] for m in meta[0]]:
+                t = sd[k].contiguous()
+                dist.broadcast(t, src=0, group=self.cpu_group)
+                sd[k] = t
+        self.engine.update_weights(sd)
+        return time.perf_counter() - t0
+
+    # ----------------------------------------------------------------------------------------- checkpoint
+    def _generators(self) -> dict[str, torch.Generator]:
+        return {"engine": self.engine.generator}  # the sampler: a resumed run draws the same samples
+
+    def _weights_loaded(self, model_sd: Mapping) -> None:
+        self.engine.update_weights(self._engine_weights(model_sd))
+
+    def get_model_state(self) -> dict | None:
+        """The full model state dict on rank 0 (None elsewhere). A collective."""
+        return gather_full_state(self.model, self.rank, copy=True)
+
+    def _engine_weights(self, model_sd: Mapping) -> dict:
+        """The training model's full state dict as the rollout engine loads it (LoRA adapters merged)."""
+        from openmanus_rl_core.models import merge_lora_state
+
+        return merge_lora_state(model_sd, self.lora_scaling) if self.lora else dict(model_sd)
+
+

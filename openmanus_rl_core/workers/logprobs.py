@@ -1,0 +1,39 @@
+"""Log-probabilities of response tokens under a causal LM (the batch layout is in :mod:`openmanus_rl_core.workers`)."""
+
+from __future__ import annotations
+
+import torch
+
+from openmanus_rl_core.batch import Batch
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of the response tokens under ``model`` (see the module docstring for the layout).
+
+    Returns ``logp [B, R]`` and, when ``with_entropy``, the entropy of ``softmax(logits / T)`` per response
+    position ``[B, R]`` (else None). Only the last ``R + 1`` positions' logits are materialised.
+    """
+    from openmanus_rl_core.algorithms import entropy_from_logits
+
+    responses = batch["responses"]
+    R = responses.shape[1]
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        use_cache=False,
+        logits_to_keep=R + 1,
+    )
+    logits = out.logits[:, -R - 1:-1, :].float()
+    if temperature and temperature > 0 and temperature != 1.0:
+        logits = logits / float(temperature)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return logp, entropy
+
