@@ -26,10 +26,10 @@ from openmanus_rl_core.registry import KINDS, PluginError
 
 # command -> "module:function(cfg)"; imported only when that command runs.
 JOBS = {
-    "train": "openmanus_rl_core.trainer:train",
-    "rollout": "openmanus_rl_core.rollout_job:rollout",
-    "eval": "openmanus_rl_core.trainer:evaluate",
-    "data": "openmanus_rl_core.data:make",
+    "train": "openmanus_rl_core.commands.train:train",
+    "rollout": "openmanus_rl_core.commands.rollout:rollout",
+    "eval": "openmanus_rl_core.commands.eval:evaluate",
+    "data": "openmanus_rl_core.commands.data:make",
 }
 SUBACTIONS = {"data": ["make", "verify"]}
 
@@ -73,7 +73,7 @@ def _job(command: str, args: argparse.Namespace) -> int:
     typed = check(cfg, training=command == "train")  # before the job imports torch or starts anything
     module, func = JOBS[command].split(":")
     if getattr(args, "action", None) not in (None, "make"):
-        func = args.action  # `data verify` runs openmanus_rl_core.data:verify
+        func = args.action  # `data verify` runs openmanus_rl_core.commands.data:verify
     return int(getattr(importlib.import_module(module), func)(typed) or 0)
 
 

@@ -1,4 +1,4 @@
-"""Task files (parquet), the task sampler, and ``openmanus-rl data make``.
+"""Task files (parquet) and the task sampler (the commands `data make` and `data verify` are in commands/data.py).
 
 A task file is a parquet table, one row per task. Columns:
 
@@ -52,8 +52,6 @@ __all__ = [
     "write_tasks",
     "TaskSampler",
     "generate_tasks",
-    "make",
-    "verify",
     "ensure_task_files",
     "OPENMANUS_COLUMNS",
     "OPENMANUS_SCHEMA",
@@ -545,7 +543,7 @@ def _add_env_task_fields(cfg: Any, *splits: list[dict]) -> None:
             close()
 
 
-def _write_split_files(cfg: Any, out_dir: Path, which: Sequence[str] = ("train", "val")) -> dict[str, Path]:
+def write_split_files(cfg: Any, out_dir: Path, which: Sequence[str] = ("train", "val")) -> dict[str, Path]:
     train, val = generate_tasks(cfg.env.name, cfg.env.train_tasks, cfg.env.val_tasks, cfg.data.seed,
                                 _env_num_tasks(cfg))
     _add_env_task_fields(cfg, train, val)
@@ -554,15 +552,6 @@ def _write_split_files(cfg: Any, out_dir: Path, which: Sequence[str] = ("train",
         if split in which:
             out[split] = write_tasks(Path(out_dir) / f"{split}.parquet", tasks)
     return out
-
-
-def make(cfg: Any) -> int:
-    """``openmanus-rl data make env=<name>``: write ``train.parquet`` and ``val.parquet`` into ``data.dir``."""
-    paths = _write_split_files(cfg, Path(cfg.data.dir).expanduser())
-    for split, p in paths.items():
-        n = pq.read_metadata(p).num_rows
-        print(f"{split}: {p} ({n} tasks)")
-    return 0
 
 
 def ensure_task_files(cfg: Any, out_dir: str | os.PathLike) -> tuple[Any, Any]:
@@ -581,70 +570,10 @@ def ensure_task_files(cfg: Any, out_dir: str | os.PathLike) -> tuple[Any, Any]:
                                     f"`openmanus-rl data make env=<name> data.dir=<folder>` or set data.{split}_files=null "
                                     f"to generate them into the run directory")
     missing = [s for s, f in given.items() if f is None]
-    made = _write_split_files(cfg, Path(out_dir), missing) if missing else {}
+    made = write_split_files(cfg, Path(out_dir), missing) if missing else {}
 
     def norm(x: Any) -> Any:
         return str(x) if isinstance(x, (str, os.PathLike)) else [str(p) for p in x]
 
     return (norm(given["train"] if given["train"] is not None else made["train"]),
             norm(given["val"] if given["val"] is not None else made["val"]))
-
-
-def verify(cfg: Any) -> int:
-    """``openmanus-rl data verify env=<name> data.val_files=<file>``: replay each row's demonstration in the env.
-
-    Each row's task is started as the rollout starts it (by content where the row and the env allow), then the
-    demonstration's actions are sent in order. A row passes when the env reports success (``info["success"]``, or
-    ``done`` for an env that reports no success) by the end of its actions. Prints the success rate and every
-    failing row (index, ``item_id``, why); exits 1 when any row fails (a row without a demonstration fails too),
-    so a script can stop on a dataset that does not agree with the env version.
-    """
-    from openmanus_rl_core.envs import open_env_service
-    from openmanus_rl_core.registry import registry
-    from openmanus_rl_core.rollout import start_task
-
-    files = cfg.data.val_files
-    if not files:
-        raise DataError("data verify needs data.val_files=<parquet file> (a file with demonstrations, e.g. "
-                        "OpenManus-RL's layout)")
-    tasks = load_tasks(files)
-    name = cfg.env.name
-    factory = registry("env").get(name)
-    service = open_env_service(name, factory, cfg.env.kwargs)
-    failures: list[str] = []
-    try:
-        for i, task in enumerate(tasks):
-            why = _replay(factory, service.kwargs, task, start_task)
-            if why:
-                failures.append(f"  row {i} ({task.get('item_id') or task.get('task_id')}): {why}")
-    finally:
-        service.close()
-    n = len(tasks)
-    print(f"{name}: {n - len(failures)}/{n} demonstrations succeed (success rate "
-          f"{(n - len(failures)) / n if n else float('nan'):.3f}) in {files}")
-    if failures:
-        print(f"failing rows ({len(failures)}):")
-        print("\n".join(failures))
-    return 1 if failures else 0
-
-
-def _replay(factory: Any, kwargs: Mapping[str, Any], task: Mapping[str, Any], start_task: Any) -> str | None:
-    """Why the row's demonstration does not succeed in the env, or None when it does."""
-    demo = task.get("demonstration")
-    if not demo or not demo.get("steps"):
-        return "no demonstration"
-    env = factory(**kwargs)
-    try:
-        start_task(env, task)
-        for k, (action, _) in enumerate(demo["steps"]):
-            res = env.step(action)
-            success = res.info.get("success") if isinstance(res.info, Mapping) else None
-            if success or (success is None and res.done):
-                return None
-            if res.done:
-                return f"the episode ended at action {k + 1} ({action!r}) without success: {res.observation[:120]!r}"
-        return f"no success after all {len(demo['steps'])} actions; last observation {res.observation[:120]!r}"
-    except Exception as exc:  # an env error is this row's failure, not the end of the check
-        return f"{type(exc).__name__}: {str(exc)[:200]}"
-    finally:
-        env.close()

@@ -38,10 +38,25 @@ __all__ = [
     "Generation",
     "RolloutEngine",
     "TERMINATIONS",
+    "as_text",
 ]
 
 
 # ----------------------------------------------------------------------------------------------- env
+def as_text(value: Any) -> str:
+    """Whatever a model reply or an action arrived as, as a str, never raising: bytes are decoded leniently
+    (invalid UTF-8 replaced), ``None`` is ``""``, other objects go through ``str`` (a hostile ``__str__`` gives
+    ``""``). Envs and templates call it first, so that any input is an unknown action, never a crash."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    try:
+        return "" if value is None else str(value)
+    except Exception:  # noqa: BLE001
+        return ""
+
+
 @dataclass
 class StepResult:
     """What one :meth:`Env.step` returns.

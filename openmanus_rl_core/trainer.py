@@ -1,21 +1,24 @@
-"""The trainer: ``openmanus-rl train`` (the fit loop) and ``openmanus-rl eval``.
+"""The trainer: the driver of one run, and its fit loop as named phases.
 
-One training step (the driver process orchestrates; the heavy work runs in Ray worker groups)::
+One training step (:meth:`Trainer.train_step`; the driver orchestrates, the heavy work runs in Ray worker groups),
+each phase a method of that name::
 
-    tasks (parquet, TaskSampler) --expand n--> shards, one per actor rank
-      -> rollout on every rank (its own HFEngine and envs)                        timing/rollout
-      -> hooks: process_trajectories                                               (driver)
-      -> reward composer (weighted components) -> allocator -> token_level_scores  timing/reward
-      -> old / reference log-probs (actor FSDP forward), values (critic)          timing/old_log_prob, timing/values
-      -> KL: reward penalty (token_level_rewards = scores - beta * kl) or a loss term
-      -> advantages (estimator by name: grpo, gae, gigpo, ...)                     timing/adv
-      -> critic update (PPO), actor update (mini-batches x ppo_epochs, grad clip)  timing/update_critic, update_actor
-      -> new weights gathered and pushed into every rank's rollout engine          timing/sync_weights
-      -> metrics (metrics.jsonl, TensorBoard, progress bar), validation, checkpoint
+    phase_rollout        tasks (TaskSampler) --expand n--> one shard per actor rank; every rank runs the agent loop
+                         with its own engine and envs; hook process_trajectories                  timing/rollout
+    phase_reward         reward composer (weighted components) -> allocator -> token_level_scores  timing/reward
+    phase_log_probs      old log-probs (the PPO ratio's behaviour policy) and reference log-probs  timing/old_log_prob
+    phase_values         critic values (PPO with GAE)                                              timing/values
+    phase_advantages     KL as a reward penalty (scores - beta * kl), then the estimator by name   timing/adv
+    phase_update_critic  value regression (mini-batches x ppo_epochs, grad clip)                   timing/update_critic
+    phase_update_actor   policy update (mini-batches x ppo_epochs, grad clip)                     timing/update_actor
+    phase_sync_weights   new weights gathered and pushed into every rank's rollout engine         timing/sync_weights
+
+then, in :meth:`Trainer.fit`: validation, the log (metrics.jsonl, TensorBoard, progress bar, hooks) and the
+checkpoint.
 
 The embedded default (``openmanus-rl train`` with no overrides) builds a tiny Qwen2-style model and a tokenizer
 trained on the env's oracle episodes, validates it untrained (step 0), runs a short supervised warm-up on oracle
-demonstrations (``warmup/*`` metrics), then trains with GRPO.
+demonstrations (``warmup/*`` metrics), then trains with GRPO. The commands are in :mod:`openmanus_rl_core.commands`.
 """
 
 from __future__ import annotations
@@ -34,13 +37,13 @@ from openmanus_rl_core.config import check
 from openmanus_rl_core.protocols import TERMINATIONS
 from openmanus_rl_core.schema import Config
 
-__all__ = ["train", "evaluate", "Trainer"]
+__all__ = ["Trainer", "seed_all", "mean", "quiet_transformers"]
+
+# The tensors a forward pass reads (log-probs, values): shipped to the workers without the rest of the batch.
+LEAN_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
 
 
-# ------------------------------------------------------------------------------------------------ helpers
-
-
-def _seed_all(seed: int) -> None:
+def seed_all(seed: int) -> None:
     import torch
 
     random.seed(seed)
@@ -48,46 +51,14 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _split(items: Sequence[Any], n: int) -> list[list[Any]]:
-    """``n`` consecutive parts whose sizes differ by at most one (order kept: part r goes to rank r)."""
-    base, extra = divmod(len(items), n)
-    out, start = [], 0
-    for r in range(n):
-        stop = start + base + (1 if r < extra else 0)
-        out.append(list(items[start:stop]))
-        start = stop
-    return out
 
 
-def _shard_batch(batch, n: int):
-    """Equal shards for ``n`` ranks (FSDP needs every rank to run the same number of forward passes).
-
-    Rows added to make the size divisible are copies whose ``response_mask`` is zeroed and whose ``valid`` flag
-    is cleared (they train nothing). Returns ``(shards, pad)``.
-    """
-    padded, pad = batch.pad_to_divisor(n)
-    if pad:
-        for key, off in (("response_mask", 0), ("valid", False)):
-            if key in padded:
-                cleared = padded[key].clone()
-                cleared[-pad:] = off
-                padded[key] = cleared
-    return padded.chunk(n), pad
-
-
-def _cat_rows(parts: Sequence[Any], pad: int):
-    import torch
-
-    out = torch.cat(list(parts), dim=0)
-    return out[: out.shape[0] - pad] if pad else out
-
-
-def _mean(xs: Sequence[float]) -> float:
+def mean(xs: Sequence[float]) -> float:
     xs = [float(x) for x in xs]
     return float(sum(xs) / len(xs)) if xs else float("nan")
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     """transformers' progress bars (saving / loading the model) would clutter the console."""
     try:
         from transformers.utils import logging as hf_logging
@@ -97,44 +68,6 @@ def _quiet_transformers() -> None:
     except Exception:  # an old transformers without these: only cosmetic
         pass
 
-
-PREVIOUS_DIR = "previous"
-# What a run leaves in its run directory that a fresh start would overwrite.
-_HISTORY = ("checkpoints", "metrics.jsonl", "tensorboard", "config.json", "rewards.png")
-
-
-def _run_history(run_dir: Path) -> str:
-    """What of an earlier run ``run_dir`` holds (its checkpoints, its logged steps), in words; "" when nothing."""
-    from openmanus_rl_core.checkpoint import list_checkpoints
-    from openmanus_rl_core.metrics import read_metrics
-
-    parts = []
-    ckpts = list_checkpoints(run_dir)
-    if ckpts:
-        parts.append(f"checkpoints {', '.join(p.name for _, p in ckpts)}")
-    steps = [r["step"] for r in read_metrics(run_dir) if isinstance(r.get("step"), int)]
-    if steps:
-        parts.append(f"metrics.jsonl with steps {min(steps)}..{max(steps)}")
-    return "; ".join(parts)
-
-
-def _set_aside_history(run_dir: Path, why: str, log) -> Path | None:
-    """Move an earlier run's checkpoints, metrics and TensorBoard logs to ``run_dir/previous/<time>/`` (nothing is
-    deleted); the moved-to folder, or None when there was no history."""
-    history = _run_history(run_dir)
-    if not history:
-        return None
-    stem = run_dir / PREVIOUS_DIR / time.strftime("%Y%m%d-%H%M%S")
-    dest, i = stem, 0
-    while dest.exists():
-        i += 1
-        dest = stem.with_name(f"{stem.name}-{i}")
-    dest.mkdir(parents=True)
-    for name in _HISTORY:
-        if (run_dir / name).exists():
-            os.rename(run_dir / name, dest / name)
-    log(f"{why}: starting fresh; the earlier run's {history} moved to {dest}")
-    return dest
 
 
 class _Log:
@@ -155,7 +88,7 @@ class Trainer:
     """The driver of one run: builds everything from the config, then :meth:`fit`."""
 
     def __init__(self, cfg: Any):
-        _quiet_transformers()
+        quiet_transformers()
         self.cfg_node = cfg  # as composed (the run_start hook gets it)
         self.cfg: Config = check(cfg)
         self.log = _Log()
@@ -176,18 +109,20 @@ class Trainer:
         from openmanus_rl_core.data import TaskSampler, ensure_task_files, load_tasks, require_tasks
         from openmanus_rl_core.envs import EnvErrorWatch, open_env_service
         from openmanus_rl_core.metrics import make_run_dir
+        from openmanus_rl_core.model_dir import prepare_model_dir
         from openmanus_rl_core.plugins import make_plugin_manager
         from openmanus_rl_core.registry import build, registry
+        from openmanus_rl_core.resume import resume_point
         from openmanus_rl_core.rewards import RewardComposer
 
         cfg = self.cfg
         self.t_start = time.perf_counter()
         self.seed = cfg.seed
-        _seed_all(self.seed)
+        seed_all(self.seed)
         torch.set_num_threads(cfg.trainer.driver_threads or os.cpu_count() or 1)
         self.total_steps = cfg.trainer.total_steps
         self.run_dir = make_run_dir(cfg)
-        self.resume_path, self._resume_state = self._resume_point(cfg.trainer.resume)
+        self.resume_path, self._resume_state = resume_point(self.run_dir, cfg.trainer.resume, self.log)
         (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         self.pm = make_plugin_manager()
 
@@ -230,78 +165,15 @@ class Trainer:
         self.kl_ctrl = self._kl_controller()
 
         # The model every worker loads: a local HF folder, or the embedded tiny model built now.
-        self.model_dir, self.tokenizer = self._prepare_model()
+        self.model_dir, self.tokenizer = prepare_model_dir(cfg, self.run_dir, self.train_tasks, self.env_factory,
+                                                           self.template, self.log)
         self.pad_token_id = self.tokenizer.pad_token_id
         self._start_workers()
-
-    def _resume_point(self, resume: Any) -> tuple[Path | None, dict | None]:
-        """``(checkpoint folder, its state)`` to resume from, or ``(None, None)`` to start fresh.
-
-        ``auto``: the newest checkpoint of the run directory that verifies and loads (a refused one falls back to
-        the one before, with a warning); ``never``: a fresh start; a path: that checkpoint (or a run directory's
-        newest). Nothing of an earlier run is overwritten unasked: with checkpoints that all fail to load, auto
-        stops with an error listing them; a fresh start over an earlier run's history needs ``never``, which moves
-        that history under ``previous/``.
-        """
-        from openmanus_rl_core.checkpoint import CheckpointError, load_latest_checkpoint, open_checkpoint
-
-        mode = str(resume).lower() if resume is not None else "null"  # YAML turns true/false/null into non-strings
-        start_over = (f"To start over anyway, use a new trainer.run_dir, or trainer.resume=never (the earlier "
-                      f"checkpoints and metrics are then moved to {self.run_dir / PREVIOUS_DIR}/).")
-        if mode in ("auto", "true"):
-            try:
-                found = load_latest_checkpoint(self.run_dir, warn=lambda m: self.log(f"WARNING: {m}"))
-            except CheckpointError as exc:
-                raise CheckpointError(f"trainer.resume=auto: {exc}\nNothing in {self.run_dir} was changed. "
-                                      f"{start_over}") from None
-            if found is not None:
-                return found
-            _set_aside_history(self.run_dir, "trainer.resume=auto found no checkpoint", self.log)
-            return None, None
-        if mode == "never":
-            _set_aside_history(self.run_dir, "trainer.resume=never", self.log)
-            return None, None
-        if mode in ("null", "none", "false", ""):
-            history = _run_history(self.run_dir)
-            if history:
-                raise CheckpointError(f"trainer.run_dir={self.run_dir} already holds a run ({history}) and "
-                                      f"trainer.resume is not set. Continue it with trainer.resume=auto. {start_over}")
-            return None, None
-        return open_checkpoint(str(resume))
 
     def _kl_controller(self):
         from openmanus_rl_core.algorithms import make_kl_controller
 
         return make_kl_controller(**dataclasses.asdict(self.algo.kl_ctrl))
-
-    def _prepare_model(self):
-        from openmanus_rl_core.models import load_model_and_tokenizer, load_tokenizer
-        from openmanus_rl_core.warmup import build_corpus
-
-        cfg = self.cfg
-        if cfg.model.path:
-            model_dir = Path(cfg.model.path).expanduser()
-            if not model_dir.exists():
-                raise FileNotFoundError(f"model.path={cfg.model.path!r} does not exist; give a local Hugging Face "
-                                        "model folder")
-        else:
-            model_dir = Path(cfg.model.save_dir or self.run_dir / "model")
-            # What the built model depends on; a folder built from something else is rebuilt.
-            recipe = json.dumps({"tiny": dataclasses.asdict(cfg.model.tiny), "dtype": cfg.model.dtype,
-                                 "env": dataclasses.asdict(cfg.env), "template": dataclasses.asdict(cfg.template),
-                                 "corpus_tasks": cfg.model.corpus_tasks,
-                                 "train_tasks": [[t["task_id"], t["seed"]] for t in self.train_tasks]},
-                                sort_keys=True, default=str)
-            stamp = model_dir / "omrl_recipe.json"
-            if not (model_dir / "config.json").exists() or not stamp.exists() or stamp.read_text() != recipe:
-                t0 = time.perf_counter()
-                corpus_tasks = self.train_tasks[:cfg.model.corpus_tasks or len(self.train_tasks)]
-                corpus = build_corpus(self.env_factory, self.template, corpus_tasks, cfg.rollout.max_turns)
-                load_model_and_tokenizer(cfg.model, corpus, save_dir=model_dir)
-                stamp.write_text(recipe)
-                self.log(f"built the tiny model and its tokenizer ({len(corpus)} corpus texts) in "
-                         f"{time.perf_counter() - t0:.1f}s: {model_dir}")
-        return str(model_dir), load_tokenizer(str(model_dir))
 
     def worker_classes(self) -> tuple[type, type]:
         """The actor and critic worker classes (tests return subclasses that inject faults)."""
@@ -310,48 +182,22 @@ class Trainer:
         return ActorWorker, CriticWorker
 
     def _start_workers(self) -> None:
-        import ray
+        from openmanus_rl_core.distributed.sizing import ensure_ray, start_worker_groups
 
-        from openmanus_rl_core.distributed.ray_node import start_ray
-        from openmanus_rl_core.distributed.worker_group import WorkerGroup
-
-        tcfg = self.cfg.trainer
-        if not ray.is_initialized():
-            start_ray(tcfg.ray_address, tcfg.num_cpus or os.cpu_count() or 1, log_to_driver=tcfg.log_to_driver,
-                      configure_logging=True, logging_level="warning")
-            self.ray_started = True
-        W = tcfg.num_workers
-        groups = 2 if self.use_critic else 1
-        cpus = tcfg.worker_num_cpus
-        if cpus is None:  # share what the cluster has among every worker (logical CPUs only schedule actors)
-            total = float(ray.cluster_resources().get("CPU", 1.0))
-            cpus = min(1.0, total / (W * groups))
-        gpus = tcfg.worker_num_gpus
-        if gpus is None:
-            have_gpu = float(ray.cluster_resources().get("GPU", 0.0)) > 0 and tcfg.device != "cpu"
-            gpus = (1.0 / groups) if have_gpu else 0.0
-        have_gpus = float(ray.cluster_resources().get("GPU", 0.0))
-        if gpus and W * groups * float(gpus) > have_gpus + 1e-9:
-            raise RuntimeError(
-                f"trainer.num_workers={W} ({groups} group(s), {gpus} GPU each) needs {W * groups * float(gpus):g} GPUs "
-                f"but the Ray cluster has {have_gpus:g}; set trainer.num_workers to at most the GPU count "
-                f"(NCCL cannot put two ranks of one group on one GPU) or trainer.device=cpu")
+        self.ray_started = ensure_ray(self.cfg.trainer) or self.ray_started
         t0 = time.perf_counter()
-        strategy = tcfg.placement_strategy
         actor_cls, critic_cls = self.worker_classes()
-        self.actor = WorkerGroup(actor_cls, W, self.cfg, num_cpus=float(cpus), num_gpus=float(gpus), name="actor",
-                                 placement_strategy=strategy, model_dir=self.model_dir, total_steps=self.total_steps)
-        if self.use_critic:
-            self.critic = WorkerGroup(critic_cls, W, self.cfg, num_cpus=float(cpus), num_gpus=float(gpus),
-                                      name="critic", placement_strategy=strategy, model_dir=self.model_dir,
-                                      total_steps=self.total_steps)
-        info = self.actor.setup_info[0]
+        self.actor, self.critic = start_worker_groups(self.cfg, actor_cls, critic_cls if self.use_critic else None,
+                                                      self.model_dir, self.total_steps)
+        W, info = self.actor.size, self.actor.setup_info[0]
         self.log(f"{W} actor worker(s){' + ' + str(W) + ' critic worker(s)' if self.critic else ''} ready on "
                  f"{info['device']} in {time.perf_counter() - t0:.1f}s; policy parameters: {info['params']:,}")
 
     # --------------------------------------------------------------------------------------- rollout
     def _rollout(self, tasks: list[dict], overrides: Mapping[str, Any] | None = None, keep_rng: bool = False):
-        shards = _split(tasks, self.actor.size)
+        from openmanus_rl_core.distributed.sharding import split_evenly
+
+        shards = split_evenly(tasks, self.actor.size)
         parts = self.actor.call_each("rollout", [(s,) for s in shards], overrides=overrides, keep_rng=keep_rng)
         return [ep for part in parts for ep in part]
 
@@ -368,10 +214,10 @@ class Trainer:
         trajs = [e.trajectory for e in episodes]
         breakdowns, rmetrics = self.composer.compose_batch(trajs)
         out = {
-            f"{prefix}/reward_mean": _mean([b.total for b in breakdowns]),
-            f"{prefix}/success_rate": _mean([bool(t.success) for t in trajs]),
-            f"{prefix}/num_turns": _mean([t.num_turns for t in trajs]),
-            f"{prefix}/response_length": _mean([sum(e.response_mask) for e in episodes]),
+            f"{prefix}/reward_mean": mean([b.total for b in breakdowns]),
+            f"{prefix}/success_rate": mean([bool(t.success) for t in trajs]),
+            f"{prefix}/num_turns": mean([t.num_turns for t in trajs]),
+            f"{prefix}/response_length": mean([sum(e.response_mask) for e in episodes]),
         }
         out.update({f"{prefix}/{k}": v for k, v in rmetrics.items() if k.endswith("/mean")})
         ro = rollout_metrics(episodes)
@@ -416,124 +262,173 @@ class Trainer:
 
     # -------------------------------------------------------------------------------------- one step
     def train_step(self, step: int) -> dict[str, float]:
-        from openmanus_rl_core.algorithms import apply_kl_penalty, masked_mean
+        """One step: the phases below, in order (see the module doc); returns the step's metrics."""
         from openmanus_rl_core.metrics import Timer
-        from openmanus_rl_core.rollout import build_batch, expand_tasks, rollout_metrics
 
-        algo = self.algo
-        timer = Timer()
+        self.timer = timer = Timer()
         metrics: dict[str, float] = {}
-        W = self.actor.size
         with timer("step"):
-            tasks = self.sampler.next_batch()
-            # Deterministic group ids (expand_tasks would draw random ones): same run, same groups.
-            tasks = [dict(t, group_id=f"{step}:{i}") for i, t in enumerate(tasks)]
-            expanded = expand_tasks(tasks, self.n)
-            with timer("rollout"):
-                episodes = self._rollout(expanded)
-            trajectories = [e.trajectory for e in episodes]
-            self.env_errors.update(step, [t.termination for t in trajectories], [t.error for t in trajectories])
-            self.pm.hook.openmanus_rl_process_trajectories(trajectories=trajectories, step=step)
-            with timer("reward"):
-                breakdowns, reward_metrics = self.composer.compose_batch(trajectories)
-                batch = build_batch(episodes, breakdowns, self.allocator, self.pad_token_id,
-                                    self.cfg.rollout.keep_env_errors)
-            ro_metrics = rollout_metrics(episodes, elapsed_s=timer.timings["rollout"])
-            self.pm.hook.openmanus_rl_rollout_end(trajectories=trajectories,
-                                                  metrics={**reward_metrics, **ro_metrics}, step=step)
-            totals = [b.total for b in breakdowns]
-            metrics["train/reward_mean"] = _mean(totals)
-            metrics["train/reward_std"] = float(np.std(totals)) if totals else float("nan")
-            metrics["train/success_rate"] = _mean([bool(t.success) for t in trajectories])
-            metrics["train/num_turns"] = _mean([t.num_turns for t in trajectories])
-            metrics["train/response_length"] = _mean([sum(e.response_mask) for e in episodes])
-            metrics.update({f"train/{k}": v for k, v in reward_metrics.items()})
-            metrics.update(ro_metrics)
-
-            keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
-            shards, pad = _shard_batch(batch, W)
-            lean = [s.select(keys) for s in shards]
-            # Old log-probs: recomputed when the update is off-policy within the step (several mini-batches or
-            # epochs) or when a KL penalty needs them; otherwise the update uses the detached current ones.
-            mini = self.cfg.actor.ppo_mini_batch_size
-            multi = self.cfg.actor.ppo_epochs > 1 or (mini is not None and mini < len(batch))
-            recompute = self.old_log_probs_mode
-            use_kl_reward = algo.use_kl_in_reward
-            use_kl_loss = algo.use_kl_loss
-            from_rollout = recompute == "rollout"  # the engine's sampling log-probs as the behaviour policy
-            need_old = (recompute == "true") or (recompute == "auto" and multi) or use_kl_reward
-            if from_rollout:
-                batch["old_log_probs"] = batch["rollout_log_probs"]
-            elif need_old or use_kl_reward or use_kl_loss:
-                with timer("old_log_prob"):
-                    outs = self.actor.call_each("compute_log_probs", [(s,) for s in lean],
-                                                with_ref=use_kl_reward or use_kl_loss, with_old=need_old)
-                if need_old:
-                    batch["old_log_probs"] = _cat_rows([o["old_log_probs"] for o in outs], pad)
-                if use_kl_reward or use_kl_loss:
-                    batch["ref_log_probs"] = _cat_rows([o["ref_log_probs"] for o in outs], pad)
-            if "old_log_probs" in batch:
-                diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs()
-                metrics["actor/rollout_logprob_diff"] = float(masked_mean(diff, batch["response_mask"].bool()))
-
-            # Critic values.
-            if self.critic is not None:
-                with timer("values"):
-                    vals = self.critic.call_each("compute_values", [(s,) for s in lean])
-                batch["values"] = _cat_rows(vals, pad)
-
-            # KL as a reward penalty, or the plain scores.
-            if use_kl_reward:
-                rewards, mean_kl = apply_kl_penalty(batch["token_level_scores"], batch["old_log_probs"],
-                                                    batch["ref_log_probs"], batch["response_mask"],
-                                                    self.kl_ctrl.value, algo.kl_penalty)
-                batch["token_level_rewards"] = rewards
-                metrics["actor/reward_kl"] = mean_kl
-                metrics["actor/kl_coef"] = float(self.kl_ctrl.value)
-                self.kl_ctrl.update(mean_kl, len(batch))
-            else:
-                batch["token_level_rewards"] = batch["token_level_scores"]
-
-            with timer("adv"):
-                adv_cfg = {k: v for k, v in dataclasses.asdict(algo).items() if not isinstance(v, Mapping)}
-                advantages, returns = self.estimator(batch, **adv_cfg)
-            batch["advantages"] = advantages.float()
-            batch["returns"] = returns.float()
-            m = batch["response_mask"].bool()
-            if m.any():
-                metrics["train/advantages_mean"] = float(advantages[m].mean())
-                metrics["train/advantages_abs_mean"] = float(advantages[m].abs().mean())
-                rows = m.any(-1)  # samples with tokens to train (padding rows and env errors have none)
-                zero = ((advantages.abs() * m).sum(-1) == 0) & rows
-                metrics["train/zero_adv_frac"] = float(zero.sum()) / float(rows.sum())
-
-            shards, pad = _shard_batch(batch, W)
-            if self.critic is not None:
-                with timer("update_critic"):
-                    ckeys = keys + ["values", "returns"]
-                    cms = self.critic.call_each("update", [(s.select(ckeys), step) for s in shards])
-                metrics.update(_avg(cms))
-            if step > self.cfg.critic.warmup_steps:
-                with timer("update_actor"):
-                    akeys = keys + ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
-                    ams = self.actor.call_each("update", [(s.select(akeys), step) for s in shards])
-                am = _avg(ams)
-                metrics.update(am)
-                self.skipped_steps += int(max(a.get("actor/skipped_updates", 0.0) for a in ams))
-                with timer("sync_weights"):
-                    self.actor.call("sync_rollout_weights")
+            episodes = self.phase_rollout(step, metrics)
+            batch = self.phase_reward(step, episodes, metrics)
+            self.phase_log_probs(batch, metrics)
+            self.phase_values(batch)
+            self.phase_advantages(batch, metrics)
+            self.phase_update_critic(batch, step, metrics)
+            if step > self.cfg.critic.warmup_steps:  # the actor waits while a fresh critic learns
+                self.phase_update_actor(batch, step, metrics)
+                self.phase_sync_weights()
             metrics["train/skipped_steps"] = float(self.skipped_steps)
-
         # Throughput: every token the step processed (prompts + responses, no padding), and generated tokens.
         step_s = timer.timings["step"]
-        tokens = float(batch["attention_mask"].sum())
-        gen_tokens = float(batch["response_mask"].sum())
-        metrics["perf/tokens_per_s"] = tokens / step_s if step_s > 0 else float("nan")
-        metrics["perf/gen_tokens_per_s"] = gen_tokens / max(timer.timings.get("rollout", 0.0), 1e-9)
+        metrics["perf/tokens_per_s"] = float(batch["attention_mask"].sum()) / step_s if step_s > 0 else float("nan")
+        metrics["perf/gen_tokens_per_s"] = (float(batch["response_mask"].sum())
+                                            / max(timer.timings.get("rollout", 0.0), 1e-9))
         metrics["perf/samples_per_s"] = len(batch) / step_s if step_s > 0 else float("nan")
         metrics["perf/samples"] = float(len(batch))
         metrics.update(timer.metrics())
         return metrics
+
+    def phase_rollout(self, step: int, metrics: dict[str, float]) -> list:
+        """The step's tasks, each ``rollout.n`` times (one group), played by the actor ranks; the episodes."""
+        from openmanus_rl_core.rollout import expand_tasks
+
+        tasks = self.sampler.next_batch()
+        # Deterministic group ids (expand_tasks would draw random ones): same run, same groups.
+        tasks = [dict(t, group_id=f"{step}:{i}") for i, t in enumerate(tasks)]
+        with self.timer("rollout"):
+            episodes = self._rollout(expand_tasks(tasks, self.n))
+        trajectories = [e.trajectory for e in episodes]
+        self.env_errors.update(step, [t.termination for t in trajectories], [t.error for t in trajectories])
+        self.pm.hook.openmanus_rl_process_trajectories(trajectories=trajectories, step=step)
+        return episodes
+
+    def phase_reward(self, step: int, episodes: list, metrics: dict[str, float]):
+        """Rewards composed per trajectory and placed on tokens by the allocator: the training batch, with
+        ``token_level_scores``."""
+        from openmanus_rl_core.rollout import build_batch, rollout_metrics
+
+        trajectories = [e.trajectory for e in episodes]
+        with self.timer("reward"):
+            breakdowns, reward_metrics = self.composer.compose_batch(trajectories)
+            batch = build_batch(episodes, breakdowns, self.allocator, self.pad_token_id,
+                                self.cfg.rollout.keep_env_errors)
+        ro_metrics = rollout_metrics(episodes, elapsed_s=self.timer.timings["rollout"])
+        self.pm.hook.openmanus_rl_rollout_end(trajectories=trajectories, metrics={**reward_metrics, **ro_metrics},
+                                              step=step)
+        totals = [b.total for b in breakdowns]
+        metrics["train/reward_mean"] = mean(totals)
+        metrics["train/reward_std"] = float(np.std(totals)) if totals else float("nan")
+        metrics["train/success_rate"] = mean([bool(t.success) for t in trajectories])
+        metrics["train/num_turns"] = mean([t.num_turns for t in trajectories])
+        metrics["train/response_length"] = mean([sum(e.response_mask) for e in episodes])
+        metrics.update({f"train/{k}": v for k, v in reward_metrics.items()})
+        metrics.update(ro_metrics)
+        return batch
+
+    def phase_log_probs(self, batch, metrics: dict[str, float]) -> None:
+        """``old_log_probs`` and ``ref_log_probs`` where the step needs them.
+
+        Old log-probs (``algorithm.recompute_old_log_probs``): ``auto`` recomputes them when the update is off-policy
+        within the step (several mini-batches or epochs) or a KL penalty needs them, else the update uses the
+        detached current ones; ``true`` always, ``false`` never, ``rollout`` takes the engine's sampling log-probs.
+        Reference log-probs: when a KL term (reward penalty or loss) is on.
+        """
+        from openmanus_rl_core.algorithms import masked_mean
+        from openmanus_rl_core.distributed.sharding import cat_rows
+
+        algo, mode = self.algo, self.old_log_probs_mode
+        mini = self.cfg.actor.ppo_mini_batch_size
+        multi = self.cfg.actor.ppo_epochs > 1 or (mini is not None and mini < len(batch))
+        with_ref = algo.use_kl_in_reward or algo.use_kl_loss
+        need_old = mode == "true" or (mode == "auto" and multi) or algo.use_kl_in_reward
+        if mode == "rollout":
+            batch["old_log_probs"] = batch["rollout_log_probs"]
+        elif need_old or with_ref:
+            lean, pad = self._lean_shards(batch)
+            with self.timer("old_log_prob"):
+                outs = self.actor.call_each("compute_log_probs", [(s,) for s in lean], with_ref=with_ref,
+                                            with_old=need_old)
+            if need_old:
+                batch["old_log_probs"] = cat_rows([o["old_log_probs"] for o in outs], pad)
+            if with_ref:
+                batch["ref_log_probs"] = cat_rows([o["ref_log_probs"] for o in outs], pad)
+        if "old_log_probs" in batch:
+            diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs()
+            metrics["actor/rollout_logprob_diff"] = float(masked_mean(diff, batch["response_mask"].bool()))
+
+    def phase_values(self, batch) -> None:
+        """The critic's ``values`` (only with a critic)."""
+        from openmanus_rl_core.distributed.sharding import cat_rows
+
+        if self.critic is None:
+            return
+        lean, pad = self._lean_shards(batch)
+        with self.timer("values"):
+            vals = self.critic.call_each("compute_values", [(s,) for s in lean])
+        batch["values"] = cat_rows(vals, pad)
+
+    def phase_advantages(self, batch, metrics: dict[str, float]) -> None:
+        """``token_level_rewards`` (the scores, minus ``beta * kl`` with a KL reward penalty), then ``advantages``
+        and ``returns`` from the estimator ``algorithm.adv_estimator``."""
+        from openmanus_rl_core.algorithms import apply_kl_penalty
+
+        algo = self.algo
+        if algo.use_kl_in_reward:
+            rewards, mean_kl = apply_kl_penalty(batch["token_level_scores"], batch["old_log_probs"],
+                                                batch["ref_log_probs"], batch["response_mask"], self.kl_ctrl.value,
+                                                algo.kl_penalty)
+            batch["token_level_rewards"] = rewards
+            metrics["actor/reward_kl"] = mean_kl
+            metrics["actor/kl_coef"] = float(self.kl_ctrl.value)
+            self.kl_ctrl.update(mean_kl, len(batch))
+        else:
+            batch["token_level_rewards"] = batch["token_level_scores"]
+        with self.timer("adv"):
+            adv_cfg = {k: v for k, v in dataclasses.asdict(algo).items() if not isinstance(v, Mapping)}
+            advantages, returns = self.estimator(batch, **adv_cfg)
+        batch["advantages"] = advantages.float()
+        batch["returns"] = returns.float()
+        m = batch["response_mask"].bool()
+        if m.any():
+            metrics["train/advantages_mean"] = float(advantages[m].mean())
+            metrics["train/advantages_abs_mean"] = float(advantages[m].abs().mean())
+            rows = m.any(-1)  # samples with tokens to train (padding rows and env errors have none)
+            zero = ((advantages.abs() * m).sum(-1) == 0) & rows
+            metrics["train/zero_adv_frac"] = float(zero.sum()) / float(rows.sum())
+
+    def phase_update_critic(self, batch, step: int, metrics: dict[str, float]) -> None:
+        """The critic's update on ``values`` and ``returns`` (only with a critic)."""
+        from openmanus_rl_core.distributed.sharding import shard_batch
+
+        if self.critic is None:
+            return
+        shards, _ = shard_batch(batch, self.critic.size)
+        keys = [*LEAN_KEYS, "values", "returns"]
+        with self.timer("update_critic"):
+            metrics.update(_avg(self.critic.call_each("update", [(s.select(keys), step) for s in shards])))
+
+    def phase_update_actor(self, batch, step: int, metrics: dict[str, float]) -> None:
+        """The policy update on ``advantages`` (and old / reference log-probs where the step has them)."""
+        from openmanus_rl_core.distributed.sharding import shard_batch
+
+        shards, _ = shard_batch(batch, self.actor.size)
+        keys = [*LEAN_KEYS, "advantages", *(k for k in ("old_log_probs", "ref_log_probs") if k in batch)]
+        with self.timer("update_actor"):
+            ams = self.actor.call_each("update", [(s.select(keys), step) for s in shards])
+        metrics.update(_avg(ams))
+        self.skipped_steps += int(max(a.get("actor/skipped_updates", 0.0) for a in ams))
+
+    def phase_sync_weights(self) -> None:
+        """The updated weights into every actor rank's rollout engine."""
+        with self.timer("sync_weights"):
+            self.actor.call("sync_rollout_weights")
+
+    def _lean_shards(self, batch):
+        """``(shards, pad)``: the batch's token tensors only, one equal shard per rank (forward passes need no more)."""
+        from openmanus_rl_core.distributed.sharding import shard_batch
+
+        shards, pad = shard_batch(batch, self.actor.size)
+        return [s.select(LEAN_KEYS) for s in shards], pad
 
     # ---------------------------------------------------------------------------------------- checkpoint
     def save(self, step: int) -> Path:
@@ -729,114 +624,9 @@ class Trainer:
             self.env_service.close()
 
 
+
 def _avg(items: Sequence[Mapping[str, float]]) -> dict[str, float]:
     keys = items[0].keys() if items else []
-    return {k: _mean([it[k] for it in items if k in it]) for k in keys}
+    return {k: mean([it[k] for it in items if k in it]) for k in keys}
 
 
-# ---------------------------------------------------------------------------------------------- commands
-def train(cfg: Any) -> int:
-    """``openmanus-rl train``: run the fit loop; prints the run directory first and a summary at the end."""
-    trainer = Trainer(cfg)
-    try:
-        trainer.setup()
-        final = trainer.fit()
-    finally:
-        trainer.shutdown()
-    elapsed = time.perf_counter() - trainer.t_start
-    val_r, val_s = final.get("val/reward_mean"), final.get("val/success_rate")
-    summary = f"done: {trainer.total_steps} steps in {elapsed:.0f}s"
-    if val_r is not None:
-        summary += f"; final val reward {val_r:.3f}, success rate {val_s:.3f}"
-    print(summary, flush=True)
-    print(f"run directory: {trainer.run_dir}", flush=True)
-    return 0
-
-
-def evaluate(cfg: Any) -> int:
-    """``openmanus-rl eval trainer.checkpoint=<checkpoint or run dir>``: run the env's validation tasks.
-
-    Loads the model (from the checkpoint's model folder plus its weights, or ``model.path``) into one in-process
-    rollout engine, runs every validation task greedily (``trainer.val_greedy``), and prints the success rate and
-    the mean reward (also written as JSON to ``trainer.eval_output`` when set).
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from openmanus_rl_core.checkpoint import open_checkpoint
-    from openmanus_rl_core.data import ensure_task_files, load_tasks, require_tasks
-    from openmanus_rl_core.envs import open_env_service
-    from openmanus_rl_core.models import _dtype, load_tokenizer, lora_scaling, merge_lora_state
-    from openmanus_rl_core.registry import build, registry
-    from openmanus_rl_core.rewards import RewardComposer
-    from openmanus_rl_core.rollout import AgentLoop, expand_tasks
-
-    _quiet_transformers()
-    c = check(cfg, training=False)
-    _seed_all(c.seed)
-    ckpt = c.trainer.checkpoint
-    model_cfg = c.model
-    state = None
-    if ckpt:
-        path, state = open_checkpoint(str(ckpt), keys=["model", "meta"])
-        meta = state["meta"] or {}
-        model_dir = meta.get("model_dir")
-        saved_cfg = meta.get("config") or {}
-        if saved_cfg.get("model"):  # LoRA and dtype as the checkpoint was trained
-            saved = {k: v for k, v in saved_cfg["model"].items() if k in ("dtype", "lora")}
-            model_cfg = dataclasses.replace(c.model, dtype=saved.get("dtype", c.model.dtype),
-                                            lora=dataclasses.replace(c.model.lora, **saved.get("lora", {})))
-        if not model_dir or not Path(model_dir).exists():
-            cand = Path(path).parent.parent / "model"
-            if not cand.exists():
-                raise FileNotFoundError(f"{path}: its model folder {model_dir!r} is gone and {cand} does not exist; "
-                                        "pass model.path=<the HF folder the run started from>")
-            model_dir = str(cand)
-        print(f"checkpoint: {path} (step {meta.get('step')})")
-    elif c.model.path:
-        model_dir = str(Path(c.model.path).expanduser())
-    else:
-        raise SystemExit("eval needs trainer.checkpoint=<checkpoint folder or run directory> or model.path=<HF folder>")
-
-    tokenizer = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=_dtype(model_cfg.dtype))
-    device = "cuda" if torch.cuda.is_available() and c.trainer.device != "cpu" else "cpu"
-    engine = build("engine", {"name": c.rollout.engine, "kwargs": c.rollout.engine_kwargs}, model=model,
-                   tokenizer=tokenizer, device=device, seed=c.seed)
-    if state is not None:  # a LoRA run's checkpoint holds the adapters: the engine gets them merged
-        weights = state["model"]
-        engine.update_weights(merge_lora_state(weights, lora_scaling(model_cfg.lora)) if model_cfg.lora.enabled
-                              else weights)
-
-    out_dir = Path(c.trainer.run_dir or (Path(ckpt).parent.parent if ckpt else "outputs/eval"))
-    val_files = c.data.val_files or ensure_task_files(c, out_dir / "data")[1]
-    tasks = require_tasks(load_tasks(val_files), val_files, "eval runs the validation tasks; give a file with tasks "
-                          "(data.val_files, or env.val_tasks > 0)")
-    if c.trainer.val_max_tasks:
-        tasks = tasks[: c.trainer.val_max_tasks]
-    template = build("template", c.template)
-    rcfg = dataclasses.replace(c.rollout, n=1, greedy=c.trainer.val_greedy, temperature=c.trainer.val_temperature)
-    service = open_env_service(c.env.name, registry("env").get(c.env.name), c.env.kwargs)
-    c.env.kwargs = service.kwargs
-    loop = AgentLoop(engine, tokenizer, template, lambda: build("env", c.env), rcfg)
-    t0 = time.perf_counter()
-    try:
-        episodes = loop.run(expand_tasks([dict(t, group_id=f"eval:{i}") for i, t in enumerate(tasks)], 1))
-    finally:
-        service.close()
-    composer = RewardComposer.from_config(c.reward.components)
-    breakdowns, rmetrics = composer.compose_batch([e.trajectory for e in episodes])
-    result = {
-        "tasks": len(episodes),
-        "success_rate": _mean([bool(e.trajectory.success) for e in episodes]),
-        "reward_mean": _mean([b.total for b in breakdowns]),
-        "num_turns": _mean([e.trajectory.num_turns for e in episodes]),
-        "seconds": time.perf_counter() - t0,
-        **{k: v for k, v in rmetrics.items() if k.endswith("/mean")},
-    }
-    print(f"eval on {result['tasks']} {c.env.name} validation tasks: success rate {result['success_rate']:.3f}, "
-          f"mean reward {result['reward_mean']:.3f} ({result['seconds']:.1f}s)")
-    if c.trainer.eval_output:
-        Path(c.trainer.eval_output).parent.mkdir(parents=True, exist_ok=True)
-        Path(c.trainer.eval_output).write_text(json.dumps(result, indent=2))
-    return 0

@@ -133,8 +133,8 @@ READ_AS_A_WHOLE = {
     "allocator": "registry.build('allocator', cfg.allocator)",
     "env.max_turns": "the default of rollout.max_turns (${env.max_turns})",
     "model.tiny": "models.load_model_and_tokenizer passes it to build_tiny_model",
-    "algorithm.kl_ctrl": "trainer._kl_controller passes it to make_kl_controller",
-    "algorithm.norm_by_std": "the estimator's kwargs (trainer.train_step)",
+    "algorithm.kl_ctrl": "Trainer._kl_controller passes it to make_kl_controller",
+    "algorithm.norm_by_std": "the estimator's kwargs (Trainer.phase_advantages)",
     "algorithm.epsilon": "the estimator's kwargs", "algorithm.step_weight": "the estimator's kwargs",
     "algorithm.gamma": "the estimator's kwargs", "algorithm.lam": "the estimator's kwargs",
 }

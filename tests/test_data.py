@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from openmanus_rl_core import data
+from openmanus_rl_core.commands.data import make as make_data
 from openmanus_rl_core.data import DataError, TaskSampler, load_tasks, write_tasks
 
 
@@ -221,7 +222,7 @@ def _cfg(tmp_path, **env):
 
 def test_make_writes_both_splits_and_prints_paths(tmp_path, capsys):
     cfg = _cfg(tmp_path, train_tasks=4, val_tasks=2)
-    assert data.make(cfg) == 0
+    assert make_data(cfg) == 0
     out = capsys.readouterr().out
     train = load_tasks(tmp_path / "made" / "train.parquet")
     val = load_tasks(tmp_path / "made" / "val.parquet")
@@ -232,7 +233,7 @@ def test_make_writes_both_splits_and_prints_paths(tmp_path, capsys):
 def test_make_falls_back_to_the_schema_task_counts(tmp_path):
     from openmanus_rl_core.schema import EnvConfig
 
-    data.make(_cfg(tmp_path))
+    make_data(_cfg(tmp_path))
     assert len(load_tasks(tmp_path / "made" / "train.parquet")) == EnvConfig.train_tasks == 256
     assert len(load_tasks(tmp_path / "made" / "val.parquet")) == EnvConfig.val_tasks == 64
 
@@ -286,7 +287,7 @@ def test_make_uses_the_env_num_tasks_from_the_registry(tmp_path, monkeypatch):
 
     monkeypatch.setattr(reg, "registry", lambda kind: FakeRegistry())
     cfg = _cfg(tmp_path, train_tasks=3, val_tasks=2, kwargs={"size": 3}, num_tasks=None)
-    data.make(cfg)
+    make_data(cfg)
     assert [t["task_id"] for t in load_tasks(tmp_path / "made" / "train.parquet")] == [0, 1, 2]
     assert [t["task_id"] for t in load_tasks(tmp_path / "made" / "val.parquet")] == [0, 1]  # 3 + 2 > 3: wrapped
 

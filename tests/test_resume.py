@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from openmanus_rl_core.checkpoint import save_checkpoint
-from openmanus_rl_core.config import compose
 
 TRAIN = [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_door", "trainer.total_steps=1",
          "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_cpus=1", "trainer.num_workers=1",
@@ -82,7 +81,7 @@ def test_a_fresh_start_over_an_earlier_run_needs_an_explicit_choice(tmp_path, cl
 def test_starting_fresh_sets_the_earlier_history_aside(tmp_path, resume, why):
     """never: the earlier checkpoints and metrics move to previous/<time>/, byte for byte; auto with no checkpoint
     (a run killed before its first save) does the same with the steps it logged."""
-    from openmanus_rl_core.trainer import Trainer
+    from openmanus_rl_core.resume import resume_point
 
     run_dir = tmp_path / "run"
     before = _earlier_run(run_dir)
@@ -91,11 +90,8 @@ def test_starting_fresh_sets_the_earlier_history_aside(tmp_path, resume, why):
 
         shutil.rmtree(run_dir / "checkpoints")
         before = _files(run_dir)
-    trainer = Trainer(compose(["env=key_door", f"trainer.run_dir={run_dir}"]))
-    trainer.run_dir = run_dir
     printed: list[str] = []
-    trainer.log = printed.append
-    assert trainer._resume_point(resume) == (None, None)
+    assert resume_point(run_dir, resume, printed.append) == (None, None)
     moved = list((run_dir / "previous").iterdir())
     assert len(moved) == 1
     assert _files(moved[0]) == before  # everything, unchanged, under previous/<time>/

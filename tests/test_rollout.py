@@ -1,4 +1,4 @@
-"""The multi-turn agent loop, the batch it builds and its metrics (openmanus_rl_core/rollout.py)."""
+"""The multi-turn agent loop, the batch it builds and its metrics (openmanus_rl_core/rollout/)."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ def test_checkpoint_loads_with_weights_only_and_holds_the_run_state(grpo_run):
 
 @pytest.mark.slow
 def test_eval_command_runs_a_saved_checkpoint(grpo_run, tmp_path, capsys):
-    from openmanus_rl_core.trainer import evaluate
+    from openmanus_rl_core.commands.eval import evaluate
 
     out = tmp_path / "eval.json"
     cfg = compose(["env=key_door", *SMALL, f"trainer.checkpoint={grpo_run / 'checkpoints' / 'step_000003'}",
@@ -115,7 +115,7 @@ def test_eval_command_runs_a_saved_checkpoint(grpo_run, tmp_path, capsys):
 def test_a_run_without_learning_signal_says_so(ray_local, tmp_path, capsys):
     """The untrained model never finishes a key_door episode: with no warm-up every GRPO group gets one reward, all
     advantages are 0, and after trainer.no_signal_warn_steps steps the run prints a warning naming the rewards."""
-    from openmanus_rl_core.trainer import train
+    from openmanus_rl_core.commands.train import train
 
     run_dir = tmp_path / "flat"
     cfg = compose(["env=key_door", "algorithm=grpo", *SMALL, "warmup.enabled=false", "trainer.total_steps=2",
@@ -136,7 +136,8 @@ def test_a_lora_run_and_its_eval_agree(ray_local, tmp_path, capsys):
     """LoRA through the trainer: only adapters in the checkpoint change, and eval (which merges them into the
     plain model for its engine) reproduces the run's final validation exactly."""
     from openmanus_rl_core.checkpoint import load_checkpoint
-    from openmanus_rl_core.trainer import evaluate, train
+    from openmanus_rl_core.commands.eval import evaluate
+    from openmanus_rl_core.commands.train import train
 
     run_dir = tmp_path / "lora"
     lora = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=16", "actor.lr=0.05"]
@@ -158,7 +159,7 @@ def test_a_lora_run_and_its_eval_agree(ray_local, tmp_path, capsys):
 @pytest.mark.slow
 def test_ppo_with_the_critic_trains_a_few_steps(ray_local, tmp_path):
     from openmanus_rl_core.checkpoint import load_checkpoint
-    from openmanus_rl_core.trainer import train
+    from openmanus_rl_core.commands.train import train
 
     run_dir = tmp_path / "ppo"
     cfg = compose(["env=word_copy", "algorithm=ppo", *SMALL, "algorithm.n=1", "data.train_batch_size=8",
@@ -200,7 +201,7 @@ class _RecordingEstimator:
 def _one_step(tmp_path, monkeypatch, overrides: list[str]) -> tuple[dict, dict]:
     """One GRPO step on word_copy after a 2-step warm-up (the policy then differs from the reference), nothing
     else: returns the batch the estimator received (with its advantages) and the step's logged metrics."""
-    from openmanus_rl_core.trainer import train
+    from openmanus_rl_core.commands.train import train
 
     recorder = _RecordingEstimator(monkeypatch)
     run_dir = tmp_path / "run"

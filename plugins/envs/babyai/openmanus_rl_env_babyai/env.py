@@ -28,6 +28,7 @@ from minigrid.utils.baby_ai_bot import BabyAIBot
 from openmanus_rl_core.protocols import StepResult
 
 from openmanus_rl_env_babyai.describe import describe
+from openmanus_rl_core.protocols import as_text
 
 AGENTGYM_LEVELS = (
     "BabyAI-GoToRedBallGrey-v0", "BabyAI-GoToRedBall-v0", "BabyAI-GoToRedBallNoDists-v0", "BabyAI-GoToObjS6-v1",
@@ -61,14 +62,7 @@ MAX_ACTION_CHARS = 256
 
 
 def _text(action: Any) -> str:
-    if isinstance(action, (bytes, bytearray)):
-        action = bytes(action).decode("utf-8", errors="replace")
-    elif not isinstance(action, str):
-        try:
-            action = "" if action is None else str(action)
-        except Exception:  # a hostile __str__ is an unrecognised action, not a crash
-            action = ""
-    text = " ".join(action.split()).lower()
+    text = " ".join(as_text(action).split()).lower()
     return "pickup" + text[len("pick up"):] if text.startswith("pick up ") else text
 
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from openmanus_rl_core import data
+from openmanus_rl_core.commands.data import make as make_data
 from openmanus_rl_core.data import DataError, load_tasks
 from openmanus_rl_core.protocols import Generation, OracleEnv, ParsedAction, Trajectory, Turn
 from openmanus_rl_core.registry import registry
@@ -194,7 +194,7 @@ def _cfg(tmp_path, **env_kwargs):
 
 
 def test_data_make_writes_the_ground_truth_into_the_task_files(tmp_path, capsys):
-    assert data.make(_cfg(tmp_path, arithmetic_size=12)) == 0
+    assert make_data(_cfg(tmp_path, arithmetic_size=12)) == 0
     train = load_tasks(tmp_path / "made" / "train.parquet")
     val = load_tasks(tmp_path / "made" / "val.parquet")
     assert [t["task_id"] for t in train] == list(range(8)) and [t["task_id"] for t in val] == [8, 9, 10, 11]
@@ -209,7 +209,7 @@ def test_data_make_from_a_user_file(tmp_path):
     src = make_arithmetic(tmp_path / "src.parquet", n=6, seed=9)
     cfg = _cfg(tmp_path, path=str(src))
     cfg.env.train_tasks, cfg.env.val_tasks = 4, 2
-    data.make(cfg)
+    make_data(cfg)
     val = load_tasks(tmp_path / "made" / "val.parquet")
     assert [t["ground_truth"] for t in val] == [r["reward_model"]["ground_truth"] for r in arithmetic_rows(6, 9)[4:]]
 
@@ -225,7 +225,7 @@ def _oracle_trajectory(env: DatasetEnv, task: dict, reply: str | None = None) ->
 
 
 def test_math_reward_scores_trajectories_of_generated_tasks(tmp_path):
-    data.make(_cfg(tmp_path, arithmetic_size=12))
+    make_data(_cfg(tmp_path, arithmetic_size=12))
     tasks = load_tasks(tmp_path / "made" / "train.parquet")
     env = DatasetEnv(arithmetic_size=12)
     trajs = [_oracle_trajectory(env, tasks[0]), _oracle_trajectory(env, tasks[1], reply="-1")]
@@ -250,7 +250,7 @@ def test_ground_truth_reaches_trajectory_task_through_the_agent_loop(tmp_path):
     from openmanus_rl_core.models import build_tokenizer
     from openmanus_rl_core.rollout import AgentLoop, RolloutConfig
 
-    data.make(_cfg(tmp_path, arithmetic_size=12))
+    make_data(_cfg(tmp_path, arithmetic_size=12))
     tasks = load_tasks(tmp_path / "made" / "train.parquet")[:3]
     rows = arithmetic_rows(12)
     tok = build_tokenizer([r["prompt"][0]["content"] for r in rows] + ["<action>", "</action>"], vocab_size=300)

@@ -28,6 +28,7 @@ from openmanus_rl_core.protocols import StepResult
 
 from openmanus_rl_env_sciworld.jvm import POOL
 from openmanus_rl_env_sciworld.tasks import layout, select
+from openmanus_rl_core.protocols import as_text
 
 INSTRUCTION = (
     "You are an agent for science world. Every round I will give you an observation, you have to respond an action "
@@ -41,15 +42,8 @@ MAX_ACTION_CHARS = 256
 
 
 def _text(action: Any) -> str:
-    if isinstance(action, (bytes, bytearray)):
-        action = bytes(action).decode("utf-8", errors="replace")
-    elif not isinstance(action, str):
-        try:
-            action = "" if action is None else str(action)
-        except Exception:  # a hostile __str__ is an unknown action, not a crash
-            action = ""
     # the simulator's parser reads printable words only; control characters never name anything
-    return " ".join("".join(c if c.isprintable() else " " for c in action).split())
+    return " ".join("".join(c if c.isprintable() else " " for c in as_text(action)).split())
 
 
 class SciWorldEnv:

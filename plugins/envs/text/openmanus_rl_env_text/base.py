@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
-from openmanus_rl_core.protocols import StepResult
+from openmanus_rl_core.protocols import StepResult, as_text
 
 VOCAB: tuple[str, ...] = (
     "apple", "bird", "blue", "book", "bread", "cake", "car", "cat", "chair", "cloud",
@@ -22,26 +22,13 @@ MAX_ACTION_CHARS = 256
 """Actions longer than this (after stripping) are never a known form; they are answered without being
 scanned word by word, which keeps a multi-megabyte reply cheap."""
 
-
-def to_text(action: Any) -> str:
-    """Whatever arrived, as a str: bytes are decoded leniently, other objects go through ``str``."""
-    if isinstance(action, str):
-        return action
-    if isinstance(action, (bytes, bytearray)):
-        return bytes(action).decode("utf-8", errors="replace")
-    try:
-        return "" if action is None else str(action)
-    except Exception:  # a hostile __str__ must not take the rollout down
-        return ""
-
-
 def normalize(action: Any) -> str:
     """``action`` stripped, lowercased, with each run of whitespace collapsed to one space.
 
     Returns ``""`` for an action longer than :data:`MAX_ACTION_CHARS` after stripping (no known form
     is that long), so callers treat it like any other unknown action.
     """
-    text = to_text(action).strip()
+    text = as_text(action).strip()
     if len(text) > MAX_ACTION_CHARS:
         return ""
     return " ".join(text.split()).lower()

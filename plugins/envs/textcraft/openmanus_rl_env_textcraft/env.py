@@ -23,6 +23,7 @@ from openmanus_rl_core.protocols import StepResult
 from openmanus_rl_env_textcraft.crafting import Failed, Inventory
 from openmanus_rl_env_textcraft.planner import Planner
 from openmanus_rl_env_textcraft.recipes import Goals, Task, item_id, item_name, load_tree
+from openmanus_rl_core.protocols import as_text
 
 INSTRUCTION = (
     "You are given few useful crafting recipes to craft items in Minecraft. Crafting commands are of the format "
@@ -36,14 +37,7 @@ VAL_EVERY = 5
 
 
 def _text(action: Any) -> str:
-    if isinstance(action, (bytes, bytearray)):
-        action = bytes(action).decode("utf-8", errors="replace")
-    elif not isinstance(action, str):
-        try:
-            action = "" if action is None else str(action)
-        except Exception:  # a hostile __str__ is an unknown action, not a crash
-            action = ""
-    return " ".join(action.split()).lower()
+    return " ".join(as_text(action).split()).lower()
 
 
 class TextCraftEnv:

@@ -154,7 +154,8 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
 
 def test_data_make_writes_our_splits(tmp_path):
     from openmanus_rl_core.config import load
-    from openmanus_rl_core.data import load_tasks, make
+    from openmanus_rl_core.commands.data import make
+    from openmanus_rl_core.data import load_tasks
 
     assert make(load(["env=textcraft", f"data.dir={tmp_path}"], training=False)) == 0
     train, val = load_tasks(tmp_path / "train.parquet"), load_tasks(tmp_path / "val.parquet")

@@ -7,7 +7,8 @@ from typing import Sequence
 
 from openmanus_rl_core.protocols import ParsedAction
 
-from openmanus_rl_templates._common import invalid, system_prompt, to_text
+from openmanus_rl_core.protocols import as_text
+from openmanus_rl_templates._common import invalid, system_prompt
 
 _ACTION_AT_LINE_START = re.compile(r"^[ \t]*action[ \t]*:", re.IGNORECASE | re.MULTILINE)
 _ACTION_ANYWHERE = re.compile(r"\baction[ \t]*:", re.IGNORECASE)
@@ -53,7 +54,7 @@ class AgentGymTemplate:
         return system_prompt(instruction, f"Reply as:\nThought: your reasoning\nAction:{sep}your action", self.system)
 
     def parse(self, text: str) -> ParsedAction:
-        text = to_text(text)
+        text = as_text(text)
         marker = _ACTION_AT_LINE_START.search(text) or _ACTION_ANYWHERE.search(text)
         if marker is None:
             return invalid(text, self._thought(text))

@@ -8,7 +8,8 @@ from typing import Any
 
 from openmanus_rl_core.protocols import ParsedAction
 
-from openmanus_rl_templates._common import invalid, system_prompt, to_text
+from openmanus_rl_core.protocols import as_text
+from openmanus_rl_templates._common import invalid, system_prompt
 
 MAX_CANDIDATES = 64
 """How many ``{`` positions ``parse`` tries before giving up: bounds the work on adversarial text
@@ -52,7 +53,7 @@ class JsonToolTemplate:
         return system_prompt(instruction, "Act with a tool call: " + self.render("..."), self.system)
 
     def parse(self, text: str) -> ParsedAction:
-        text = to_text(text)
+        text = as_text(text)
         found = _first_object(text)
         if found is None:
             return invalid(text)

@@ -6,7 +6,8 @@ import re
 
 from openmanus_rl_core.protocols import ParsedAction
 
-from openmanus_rl_templates._common import invalid, system_prompt, to_text
+from openmanus_rl_core.protocols import as_text
+from openmanus_rl_templates._common import invalid, system_prompt
 
 _TAG = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
@@ -53,7 +54,7 @@ class ReactTemplate:
         return system_prompt(instruction, line, self.system)
 
     def parse(self, text: str) -> ParsedAction:
-        text = to_text(text)
+        text = as_text(text)
         first = self._open.search(text)
         close = self._close.search(text, first.end()) if first else None
         if first is None or close is None:

@@ -1,4 +1,4 @@
-"""``openmanus-rl rollout`` (openmanus_rl_core/rollout_job.py)."""
+"""``openmanus-rl rollout`` (openmanus_rl_core/commands/rollout.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from openmanus_rl_core.rollout_job import load_task_rows, rollout, write_html
+from openmanus_rl_core.commands.rollout import load_task_rows, rollout, write_html
 
 # Small and fast: the embedded tiny model shrunk further, short replies.
 FAST = [

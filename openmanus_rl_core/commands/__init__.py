@@ -1,0 +1,1 @@
+"""The commands of ``openmanus-rl`` other than the fit loop's internals: train, eval, rollout, data."""

@@ -1,0 +1,26 @@
+"""``openmanus-rl train``: the fit loop of :class:`~openmanus_rl_core.trainer.Trainer`, with a summary at the end."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from openmanus_rl_core.trainer import Trainer
+
+
+def train(cfg: Any) -> int:
+    """``openmanus-rl train``: run the fit loop; prints the run directory first and a summary at the end."""
+    trainer = Trainer(cfg)
+    try:
+        trainer.setup()
+        final = trainer.fit()
+    finally:
+        trainer.shutdown()
+    elapsed = time.perf_counter() - trainer.t_start
+    val_r, val_s = final.get("val/reward_mean"), final.get("val/success_rate")
+    summary = f"done: {trainer.total_steps} steps in {elapsed:.0f}s"
+    if val_r is not None:
+        summary += f"; final val reward {val_r:.3f}, success rate {val_s:.3f}"
+    print(summary, flush=True)
+    print(f"run directory: {trainer.run_dir}", flush=True)
+    return 0

@@ -1,0 +1,43 @@
+"""The model folder every worker loads: the user's Hugging Face folder (``model.path``), or the embedded tiny model
+and its tokenizer, built once from the env's own text and rebuilt only when what it depends on changes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from openmanus_rl_core.schema import Config
+
+
+def prepare_model_dir(cfg: Config, run_dir: Path, train_tasks: Sequence[dict], env_factory: Callable[[], Any],
+                      template: Any, log: Callable[[str], None]) -> tuple[str, Any]:
+    """``(model folder, its tokenizer)``."""
+    from openmanus_rl_core.models import load_model_and_tokenizer, load_tokenizer
+    from openmanus_rl_core.warmup import build_corpus
+
+    if cfg.model.path:
+        model_dir = Path(cfg.model.path).expanduser()
+        if not model_dir.exists():
+            raise FileNotFoundError(f"model.path={cfg.model.path!r} does not exist; give a local Hugging Face "
+                                    "model folder")
+    else:
+        model_dir = Path(cfg.model.save_dir or run_dir / "model")
+        # What the built model depends on; a folder built from something else is rebuilt.
+        recipe = json.dumps({"tiny": dataclasses.asdict(cfg.model.tiny), "dtype": cfg.model.dtype,
+                             "env": dataclasses.asdict(cfg.env), "template": dataclasses.asdict(cfg.template),
+                             "corpus_tasks": cfg.model.corpus_tasks,
+                             "train_tasks": [[t["task_id"], t["seed"]] for t in train_tasks]},
+                            sort_keys=True, default=str)
+        stamp = model_dir / "omrl_recipe.json"
+        if not (model_dir / "config.json").exists() or not stamp.exists() or stamp.read_text() != recipe:
+            t0 = time.perf_counter()
+            corpus_tasks = train_tasks[:cfg.model.corpus_tasks or len(train_tasks)]
+            corpus = build_corpus(env_factory, template, corpus_tasks, cfg.rollout.max_turns)
+            load_model_and_tokenizer(cfg.model, corpus, save_dir=model_dir)
+            stamp.write_text(recipe)
+            log(f"built the tiny model and its tokenizer ({len(corpus)} corpus texts) in "
+                f"{time.perf_counter() - t0:.1f}s: {model_dir}")
+    return str(model_dir), load_tokenizer(str(model_dir))
