@@ -32,6 +32,7 @@ JOBS = {
     "data": "openmanus_rl_core.commands.data:make",
 }
 SUBACTIONS = {"data": ["make", "verify"]}
+FROM_RUN_COMMANDS = ("eval", "rollout")
 
 
 def _plugins(args: argparse.Namespace) -> int:
@@ -74,7 +75,10 @@ def _job(command: str, args: argparse.Namespace) -> int:
     module, func = JOBS[command].split(":")
     if getattr(args, "action", None) not in (None, "make"):
         func = args.action  # `data verify` runs openmanus_rl_core.commands.data:verify
-    return int(getattr(importlib.import_module(module), func)(typed) or 0)
+    job = getattr(importlib.import_module(module), func)
+    # eval and rollout take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
+    kwargs = {"overrides": list(args.overrides)} if command in FROM_RUN_COMMANDS else {}
+    return int(job(typed, **kwargs) or 0)
 
 
 def _config_doc(args: argparse.Namespace) -> int:

@@ -59,9 +59,19 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config", pm=None)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(core_config_dir()), version_base="1.3", job_name="openmanus_rl"):
-            return hydra_compose(config_name=config_name, overrides=list(overrides) + extra)
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides) + extra)
+            if _needs_pretrained_recipe(cfg, overrides):
+                cfg = hydra_compose(config_name=config_name, overrides=[*overrides, "model=pretrained", *extra])
+            return cfg
     except Exception as exc:
         raise _explain(exc, overrides) from None
+
+
+def _needs_pretrained_recipe(cfg: DictConfig, overrides: Sequence[str]) -> bool:
+    """A user's model (``model.path``) gets the pretrained recipe unless a ``model=`` option was chosen: the tiny
+    model's learning rates and warm-up would wreck pretrained weights."""
+    chosen = any(o.split("=", 1)[0].lstrip("+~") == "model" for o in overrides)
+    return not chosen and "model" in cfg and cfg.model.get("path") is not None and cfg.model.get("recipe") == "tiny"
 
 
 def _schema_node(node: DictConfig | None = None, schema: type = Config) -> DictConfig:

@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 
 __all__ = [
@@ -147,31 +147,56 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     return records
 
 
-def plot_rewards(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
-    """PNG of ``train/reward_mean`` (line) and ``val/reward_mean``, ``val/success_rate`` (markers) by step.
+def reward_series(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, list, list, str, str | None]]:
+    """What :func:`plot_rewards` draws: ``(label, steps, values, line style, marker)`` per curve.
 
-    Drawn with matplotlib's Agg canvas (no display, no pyplot global state). Written to
-    ``<run_dir>/rewards.png`` unless ``out`` is given; returns the path.
+    ``train/reward_mean`` (line), ``val/reward_mean`` and ``val/success_rate`` (markers) by step. A warm-up is its
+    own segment at step 0, from the untrained validation (``val/*`` at step 0) up to the validation after the
+    warm-up (``warmup/val/*``), where the RL curves start: the plot credits the warm-up's gain to the warm-up.
     """
+    start = next((r for r in records if r.get("step") == 0), {})
+    out = []
+    for key, label, style, marker in (("train/reward_mean", "train reward", "-", None),
+                                      ("val/reward_mean", "val reward", "-", "o"),
+                                      ("val/success_rate", "val success rate", "--", "s")):
+        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
+        after = start.get("warmup/" + key)
+        if after is not None:
+            before = [y for x, y in pts if x == 0]
+            if before:
+                out.append((f"warm-up ({label.split(' ', 1)[1]})", [0, 0], [before[0], after], ":", "x"))
+            pts = [(0, after)] + [(x, y) for x, y in pts if x != 0]
+        if pts:
+            out.append((label, [x for x, _ in pts], [y for _, y in pts], style, marker))
+    return out
+
+
+def plot_rewards(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """PNG of :func:`reward_series` with integer step ticks, written to ``<run_dir>/rewards.png`` unless ``out`` is
+    given; returns the path. Drawn with matplotlib's Agg canvas (no display, no pyplot global state)."""
+    path = Path(out) if out is not None else Path(run_dir) / PLOT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    reward_figure(run_dir).savefig(path, format="png")
+    return path
+
+
+def reward_figure(run_dir: str | os.PathLike):
+    """The matplotlib figure :func:`plot_rewards` saves."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     run_dir = Path(run_dir)
-    records = read_metrics(run_dir)
     fig = Figure(figsize=(7, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    series = [("train/reward_mean", "train reward", "-", None),
-              ("val/reward_mean", "val reward", "-", "o"),
-              ("val/success_rate", "val success rate", "--", "s")]
-    drawn = 0
-    for key, label, style, marker in series:
-        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, linestyle=style, marker=marker, markersize=4, label=label)
-            drawn += 1
-    if drawn:
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    series = reward_series(read_metrics(run_dir))
+    for label, xs, ys, style, marker in series:
+        warm = label.startswith("warm-up")
+        ax.plot(xs, ys, linestyle=style, marker=marker, markersize=4, label=label,
+                **({"color": "grey", "linewidth": 2} if warm else {}))
+    if series:
         ax.legend(loc="best")
     else:
         ax.text(0.5, 0.5, "no reward metrics logged yet", ha="center", va="center", transform=ax.transAxes)
@@ -180,10 +205,7 @@ def plot_rewards(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     ax.set_title(run_dir.name)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    path = Path(out) if out is not None else run_dir / PLOT_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
+    return fig
 
 
 class ProgressBar:
@@ -341,28 +363,32 @@ def reduce_metrics(items: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 
 
 
+def dated_dir(base: str | os.PathLike, name: str, now: _dt.datetime | None = None) -> Path:
+    """A new folder ``<base>/<YYYY-MM-DD>/<HH-MM-SS>-<name>`` (``-1``, ``-2``... appended when two start in the same
+    second): where every command's outputs go, named the same way (runs by env, rollouts ``rollout-<env>``)."""
+    now = now or _dt.datetime.now()
+    safe = name.replace("/", "_").replace(":", "_")
+    stem = Path(base).expanduser() / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S')}-{safe}"
+    path, i = stem, 0
+    while True:  # mkdir without exist_ok: two starts in the same second get distinct folders
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            i += 1
+            path = stem.with_name(f"{stem.name}-{i}")
+
+
 def make_run_dir(cfg: Any, now: _dt.datetime | None = None, announce: bool = True) -> Path:
     """Create and return the run directory, and print it.
 
-    ``cfg.trainer.run_dir`` when set (resuming reuses it), else
-    ``<cfg.trainer.output_dir>/<YYYY-MM-DD>/<HH-MM-SS>-<env name>`` (with ``-1``,
-    ``-2``... appended if two runs start in the same second).
+    ``cfg.trainer.run_dir`` when set (resuming reuses it), else a new :func:`dated_dir` named after the env under
+    ``cfg.trainer.output_dir``.
     """
     if cfg.trainer.run_dir:
         path = Path(cfg.trainer.run_dir).expanduser()
     else:
-        now = now or _dt.datetime.now()
-        env = cfg.env.name.replace("/", "_").replace(":", "_")
-        base = Path(cfg.trainer.output_dir).expanduser()
-        stem = base / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S')}-{env}"
-        path, i = stem, 0
-        while True:  # mkdir without exist_ok: two runs starting in the same second get distinct folders
-            try:
-                path.mkdir(parents=True)
-                break
-            except FileExistsError:
-                i += 1
-                path = stem.with_name(f"{stem.name}-{i}")
+        path = dated_dir(cfg.trainer.output_dir, cfg.env.name, now)
     path.mkdir(parents=True, exist_ok=True)
     path = path.resolve()
     if announce:

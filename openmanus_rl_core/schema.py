@@ -130,6 +130,10 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     path: Optional[str] = opt(None, "a local Hugging Face model folder (null: build the tiny model)")
+    recipe: str = opt("pretrained", "the settings the `model` option chose: `tiny` (the embedded model's lr and "
+                                    "warm-up, chosen when model.path is null) or `pretrained` (safe for a pretrained "
+                                    "model: lr 1e-6, no warm-up; chosen when model.path is set)",
+                      choices=("tiny", "pretrained"))
     dtype: str = opt("float32", "parameter dtype", choices=("float32", "fp32", "bfloat16", "bf16", "float16", "fp16"))
     save_dir: Optional[str] = opt(None, "where the built tiny model is saved (null: <run_dir>/model)")
     gradient_checkpointing: bool = opt(False, "recompute each layer's activations in backward")
@@ -167,7 +171,8 @@ class RolloutConfig:
     task_offset: int = opt(0, "`openmanus-rl rollout`: first generated task id", ge=0)
     tasks_file: Optional[str] = opt(None, "`openmanus-rl rollout`: parquet or jsonl task rows (all of them)")
     batch_size: int = opt(64, "`openmanus-rl rollout`: episodes per engine batch", ge=1)
-    output_dir: Optional[str] = opt(None, "`openmanus-rl rollout`: output folder (null: outputs/rollout-<time>)")
+    output_dir: Optional[str] = opt(None, "`openmanus-rl rollout`: output folder (null: "
+                                          "<trainer.output_dir>/<date>/<time>-rollout-<env>)")
     device: str = opt("cpu", "`openmanus-rl rollout`: the engine's device")
 
 
@@ -176,7 +181,7 @@ class RolloutConfig:
 class OptimConfig:
     """AdamW plus an LR schedule with one scheduler step per training step, and the update's batching."""
 
-    lr: float = opt(5.0e-4, "learning rate (a pretrained LLM wants ~1e-6)", gt=0)
+    lr: float = opt(1.0e-6, "learning rate (model=tiny: 5e-4)", gt=0)
     betas: List[float] = opt([0.9, 0.999], "AdamW betas")
     eps: float = opt(1.0e-8, "AdamW eps", gt=0)
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
@@ -204,7 +209,7 @@ class ActorConfig(OptimConfig):
 class CriticConfig(OptimConfig):
     """The value model (CriticWorker; only with algorithm.use_critic)."""
 
-    lr: float = opt(2.0e-3, "learning rate", gt=0)
+    lr: float = opt(1.0e-5, "learning rate (model=tiny: 2e-3)", gt=0)
     value_clip: Optional[float] = opt(0.5, "clipped value loss range (null: unclipped)", gt=0)
     warmup_steps: int = opt(0, "train only the critic for this many first steps", ge=0)
 
@@ -213,10 +218,10 @@ class CriticConfig(OptimConfig):
 class WarmupConfig:
     """Supervised warm-up on the env's oracle demonstrations (needs an OracleEnv), before RL."""
 
-    enabled: bool = opt(True, "run the warm-up")
+    enabled: bool = opt(False, "run the warm-up (model=tiny: true)")
     steps: int = opt(120, "optimizer steps (0: off)", ge=0)
     batch_size: int = opt(16, "demonstrations per step", ge=1)
-    lr: float = opt(2.0e-3, "peak learning rate", gt=0)
+    lr: float = opt(1.0e-5, "peak learning rate (model=tiny: 2e-3)", gt=0)
     lr_schedule: str = opt("constant", "after a linear ramp over warmup_ratio * steps", choices=("constant", "cosine"))
     warmup_ratio: float = opt(0.4, "fraction of the steps spent ramping the LR up", ge=0)
     grad_clip: float = opt(1.0, "clip_grad_norm_ max norm (0: off)", ge=0)
@@ -228,7 +233,7 @@ class WarmupConfig:
 class DataConfig:
     """Task files: parquet, one row per task (see ``openmanus_rl_core/data.py``)."""
 
-    dir: str = opt("${oc.env:OPENMANUS_RL_DATA,${oc.env:HOME,.}/.cache/openmanus_rl/data}/${env.name}",
+    dir: str = opt("${oc.env:OPENMANUS_RL_DATA,${trainer.output_dir}/data}/${env.name}",
                    "where `openmanus-rl data make` writes train.parquet / val.parquet")
     train_files: Any = opt(None, "a parquet path or a list of them (null: the trainer generates the split "
                                  "into <run_dir>/data, env.train_tasks tasks)")
@@ -258,7 +263,8 @@ class TrainerConfig:
     driver_threads: Optional[int] = opt(None, "torch threads of the driver (null: all cores)", ge=1)
     mixed_precision: Optional[str] = opt(None, "FSDP2 compute dtype (gradients reduced in fp32)",
                                          choices=("bf16", "bfloat16", "fp16", "float16"))
-    output_dir: str = opt("outputs", "runs go to <output_dir>/<date>/<time>-<env>")
+    output_dir: str = opt("outputs", "every command's outputs: runs in <output_dir>/<date>/<time>-<env>, rollouts in "
+                                     "<date>/<time>-rollout-<env>, `data make` files in data/<env>")
     run_dir: Optional[str] = opt(None, "this run's folder (set it to resume with resume=auto)")
     resume: Optional[str] = opt(None, "null (fresh; an error if run_dir already holds checkpoints or metrics) | auto "
                                 "(the newest checkpoint of run_dir that verifies and loads, falling back to older ones; "

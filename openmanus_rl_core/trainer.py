@@ -70,6 +70,15 @@ def quiet_transformers() -> None:
 
 
 
+def recipe_line(cfg: Config) -> str:
+    """The settings a run most easily gets wrong for its model, in one line printed at start."""
+    w = cfg.warmup
+    warm = f"{w.steps} steps at lr {w.lr:g}" if w.enabled and w.steps > 0 else "off"
+    model = cfg.model.path or "the embedded tiny model"
+    critic = f", critic.lr {cfg.critic.lr:g}" if cfg.algorithm.use_critic else ""
+    return f"recipe model={cfg.model.recipe} for {model}: actor.lr {cfg.actor.lr:g}{critic}, warm-up {warm}"
+
+
 class _Log:
     """Console lines that do not break the progress bar."""
 
@@ -122,6 +131,7 @@ class Trainer:
         torch.set_num_threads(cfg.trainer.driver_threads or os.cpu_count() or 1)
         self.total_steps = cfg.trainer.total_steps
         self.run_dir = make_run_dir(cfg)
+        self.log(recipe_line(cfg))
         self.resume_path, self._resume_state = resume_point(self.run_dir, cfg.trainer.resume, self.log)
         (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         self.pm = make_plugin_manager()

@@ -83,10 +83,21 @@ def test_group_size_rule_is_for_training_only():
 def test_the_yaml_restates_no_default():
     """The embedded default composes to exactly the schema's defaults outside the chosen options."""
     cfg = load([])
+    # A user's model gets the pretrained recipe, which is the schema's defaults; the tiny recipe (the embedded
+    # default) changes exactly the keys configs/model/tiny.yaml names.
+    pretrained = load(["model.path=/models/m"])
+    tiny_keys = {"model.recipe", "actor.lr", "critic.lr", "warmup.enabled", "warmup.lr"}
     for section, kind in (("model", schema.ModelConfig), ("trainer", schema.TrainerConfig),
                           ("actor", schema.ActorConfig), ("critic", schema.CriticConfig),
                           ("warmup", schema.WarmupConfig)):
-        assert dataclasses.asdict(getattr(cfg, section)) == dataclasses.asdict(kind()), section
+        want = dataclasses.asdict(kind())
+        assert dataclasses.asdict(getattr(pretrained, section)) == {**want, **(
+            {"path": "/models/m"} if section == "model" else {})}, section
+        got = dataclasses.asdict(getattr(cfg, section))
+        assert {f"{section}.{k}" for k in want if got[k] != want[k]} == {k for k in tiny_keys
+                                                                          if k.startswith(section + ".")}, section
+    assert (pretrained.actor.lr, pretrained.critic.lr, pretrained.warmup.enabled) == (1e-6, 1e-5, False)
+    assert load(["model.path=/models/m", "model=tiny"]).actor.lr == 5.0e-4  # an explicit choice is kept
     interpolated = {"rollout": ("n", "max_turns"), "data": ("dir", "seed")}  # ${...}: follow other keys
     for section, kind in (("rollout", schema.RolloutConfig), ("data", schema.DataConfig)):
         got, want = dataclasses.asdict(getattr(cfg, section)), dataclasses.asdict(kind())

@@ -241,10 +241,10 @@ def test_make_falls_back_to_the_schema_task_counts(tmp_path):
 def test_data_config_defaults_resolve(tmp_path, monkeypatch):
     from openmanus_rl_core.config import compose
 
-    monkeypatch.setenv("HOME", "/home/u")
     monkeypatch.delenv("OPENMANUS_RL_DATA", raising=False)
     cfg = compose(["seed=4", "env=word_copy"])
-    assert cfg.data.dir == "/home/u/.cache/openmanus_rl/data/word_copy"
+    assert cfg.data.dir == "outputs/data/word_copy"  # with every other output, under trainer.output_dir
+    assert compose(["env=word_copy", "trainer.output_dir=/runs"]).data.dir == "/runs/data/word_copy"
     assert cfg.data.seed == 4 and cfg.data.train_files is None and cfg.data.shuffle is True
     monkeypatch.setenv("OPENMANUS_RL_DATA", "/data")
     assert cfg.data.dir == "/data/word_copy"

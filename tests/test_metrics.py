@@ -148,3 +148,33 @@ def test_learning_signal_watch_warns_once_per_streak_of_zero_advantages():
     off = LearningSignalWatch(patience=0)
     assert all(off.update(s, dead) is None for s in range(10))
     assert LearningSignalWatch(1).update(1, {"train/reward_mean": 0.0}) is None
+
+
+def test_the_plot_gives_the_warm_up_its_own_segment_and_integer_steps(tmp_path):
+    """Untrained val 0.1 -> after the warm-up 0.7 -> RL 0.9 at step 3: the warm-up's gain is drawn as the warm-up's,
+    and the RL curve starts where the warm-up left it."""
+    from openmanus_rl_core.metrics import reward_figure, reward_series
+
+    with MetricsLogger(tmp_path, tensorboard=False) as logger:
+        logger.log(0, {"val/reward_mean": 0.1, "val/success_rate": 0.0, "warmup/val/reward_mean": 0.7,
+                       "warmup/val/success_rate": 0.5})
+        for step in (1, 2, 3):
+            logger.log(step, {"train/reward_mean": 0.6 + step / 10})
+        logger.log(3, {"val/reward_mean": 0.9, "val/success_rate": 0.8})
+    series = {label: (xs, ys) for label, xs, ys, _, _ in reward_series(read_metrics(tmp_path))}
+    assert series["warm-up (reward)"] == ([0, 0], [0.1, 0.7])
+    assert series["warm-up (success rate)"] == ([0, 0], [0.0, 0.5])
+    assert series["val reward"] == ([0, 3], [0.7, 0.9])
+    assert series["val success rate"] == ([0, 3], [0.5, 0.8])
+    assert series["train reward"][0] == [1, 2, 3]
+    fig = reward_figure(tmp_path)
+    fig.canvas.draw()
+    ticks = fig.axes[0].get_xticks()
+    assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks)
+    # Without a warm-up the curves are as logged.
+    run = tmp_path / "plain"
+    with MetricsLogger(run, tensorboard=False) as logger:
+        logger.log(0, {"val/reward_mean": 0.1})
+        logger.log(2, {"val/reward_mean": 0.3})
+    assert [(label, xs, ys) for label, xs, ys, _, _ in reward_series(read_metrics(run))] == [
+        ("val reward", [0, 2], [0.1, 0.3])]

@@ -85,3 +85,17 @@ def test_html_escapes_everything(tmp_path):
     page = path.read_text(encoding="utf-8")
     assert "<script>" not in page and "<b>bold</b>" not in page
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+
+
+def test_an_unwritable_output_dir_fails_before_any_work(tmp_path, capsys):
+    import time as _time
+
+    from openmanus_rl_core.cli import main as cli_main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    t0 = _time.perf_counter()
+    assert cli_main(["rollout", "env=word_copy", f"rollout.output_dir={blocker / 'out'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"rollout.output_dir={blocker / 'out'}: cannot write the rollout there" in err
+    assert _time.perf_counter() - t0 < 5  # no model was built, no episode played

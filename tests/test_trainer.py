@@ -112,6 +112,40 @@ def test_eval_command_runs_a_saved_checkpoint(grpo_run, tmp_path, capsys):
     assert result["success_rate"] == pytest.approx(final["val/success_rate"], abs=1e-6)
 
 
+@pytest.mark.slow
+def test_eval_and_rollout_take_the_run_settings_from_its_checkpoint(grpo_run, tmp_path, capsys):
+    """Given only the checkpoint, eval runs the run's own env section (its 8 validation tasks, not the schema's 64)
+    and reproduces its final validation; the command line wins for the sections it names. rollout plays the
+    checkpoint's policy, not an untrained model."""
+    from openmanus_rl_core.cli import main as cli_main
+
+    out = tmp_path / "eval.json"
+    assert cli_main(["eval", f"trainer.checkpoint={grpo_run}", f"trainer.eval_output={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert "from the run: env=key_door, template=react, reward=goal+format+invalid_action, allocator=last_token, model=" \
+        in printed and "from the command line" not in printed
+    result, final = json.loads(out.read_text()), _records(grpo_run)[-1]
+    assert result["tasks"] == 8
+    assert result["success_rate"] == pytest.approx(final["val/success_rate"], abs=1e-6)
+    assert result["reward_mean"] == pytest.approx(final["val/reward_mean"], abs=1e-6)
+    assert sorted(p.name for p in (grpo_run / "data").iterdir()) == ["train.parquet", "val.parquet"]
+
+    assert cli_main(["eval", f"trainer.checkpoint={grpo_run}", "env.val_tasks=3", f"trainer.eval_output={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert "from the run: template=react" in printed and "from the command line: env=key_door" in printed
+    assert json.loads(out.read_text())["tasks"] == 3
+
+    rollout_dir = tmp_path / "rollout"
+    assert cli_main(["rollout", f"trainer.checkpoint={grpo_run}", f"data.val_files={grpo_run / 'data' / 'val.parquet'}",
+                     "rollout.num_tasks=8", "rollout.n=1", "rollout.greedy=true", "rollout.max_new_tokens=12",
+                     f"rollout.output_dir={rollout_dir}"]) == 0
+    printed = capsys.readouterr().out
+    assert "untrained" not in printed and "from the run: env=key_door" in printed
+    metrics = json.loads((rollout_dir / "metrics.json").read_text())
+    assert metrics["rollout/episodes"] == 8
+    assert metrics["rollout/success_rate"] == pytest.approx(final["val/success_rate"], abs=1e-6)
+
+
 def test_a_run_without_learning_signal_says_so(ray_local, tmp_path, capsys):
     """The untrained model never finishes a key_door episode: with no warm-up every GRPO group gets one reward, all
     advantages are 0, and after trainer.no_signal_warn_steps steps the run prints a warning naming the rewards."""
@@ -127,6 +161,7 @@ def test_a_run_without_learning_signal_says_so(ray_local, tmp_path, capsys):
     assert all(r["train/reward_std"] == 0.0 for r in recs)
     out = capsys.readouterr()
     text = out.out + out.err
+    assert "recipe model=tiny for the embedded tiny model: actor.lr 0.0005, warm-up off" in text
     assert "WARNING: no learning signal for 2 steps (up to step 2)" in text
     assert "components (mean): " in text and "goal 0.000" in text
 

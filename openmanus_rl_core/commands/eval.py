@@ -4,73 +4,50 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from openmanus_rl_core.config import check
+from openmanus_rl_core.config import ConfigError, check
 from openmanus_rl_core.trainer import mean, quiet_transformers, seed_all
 
 
-def evaluate(cfg: Any) -> int:
+def evaluate(cfg: Any, overrides: Sequence[str] = ()) -> int:
     """``openmanus-rl eval trainer.checkpoint=<checkpoint or run dir>``: run the env's validation tasks.
 
-    Loads the model (from the checkpoint's model folder plus its weights, or ``model.path``) into one in-process
-    rollout engine, runs every validation task greedily (``trainer.val_greedy``), and prints the success rate and
-    the mean reward (also written as JSON to ``trainer.eval_output`` when set).
+    From a checkpoint, the env, template, reward, allocator and model are the run's own except where
+    ``overrides`` (the command line) name them (:mod:`.from_run`). The policy (the checkpoint's weights on the run's
+    model folder, or ``model.path``) goes into one in-process rollout engine; every validation task runs greedily
+    (``trainer.val_greedy``), and the success rate and the mean reward are printed (also written as JSON to
+    ``trainer.eval_output`` when set).
     """
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from openmanus_rl_core.checkpoint import open_checkpoint
+    from openmanus_rl_core.commands.from_run import adopt_run_config, load_policy
     from openmanus_rl_core.data import ensure_task_files, load_tasks, require_tasks
     from openmanus_rl_core.envs import open_env_service
-    from openmanus_rl_core.models import _dtype, load_tokenizer, lora_scaling, merge_lora_state
     from openmanus_rl_core.registry import build, registry
     from openmanus_rl_core.rewards import RewardComposer
     from openmanus_rl_core.rollout import AgentLoop, expand_tasks
 
     quiet_transformers()
-    c = check(cfg, training=False)
+    c, ckpt = adopt_run_config(check(cfg, training=False), overrides)
     seed_all(c.seed)
-    ckpt = c.trainer.checkpoint
-    model_cfg = c.model
-    state = None
-    if ckpt:
-        path, state = open_checkpoint(str(ckpt), keys=["model", "meta"])
-        meta = state["meta"] or {}
-        model_dir = meta.get("model_dir")
-        saved_cfg = meta.get("config") or {}
-        if saved_cfg.get("model"):  # LoRA and dtype as the checkpoint was trained
-            saved = {k: v for k, v in saved_cfg["model"].items() if k in ("dtype", "lora")}
-            model_cfg = dataclasses.replace(c.model, dtype=saved.get("dtype", c.model.dtype),
-                                            lora=dataclasses.replace(c.model.lora, **saved.get("lora", {})))
-        if not model_dir or not Path(model_dir).exists():
-            cand = Path(path).parent.parent / "model"
-            if not cand.exists():
-                raise FileNotFoundError(f"{path}: its model folder {model_dir!r} is gone and {cand} does not exist; "
-                                        "pass model.path=<the HF folder the run started from>")
-            model_dir = str(cand)
-        print(f"checkpoint: {path} (step {meta.get('step')})")
-    elif c.model.path:
-        model_dir = str(Path(c.model.path).expanduser())
-    else:
-        raise SystemExit("eval needs trainer.checkpoint=<checkpoint folder or run directory> or model.path=<HF folder>")
-
-    tokenizer = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=_dtype(model_cfg.dtype))
+    policy = load_policy(c, ckpt)
+    if policy is None:
+        raise ConfigError("eval needs trainer.checkpoint=<checkpoint folder or run directory> or "
+                          "model.path=<Hugging Face folder>")
+    model, tokenizer, weights = policy
     device = "cuda" if torch.cuda.is_available() and c.trainer.device != "cpu" else "cpu"
     engine = build("engine", {"name": c.rollout.engine, "kwargs": c.rollout.engine_kwargs}, model=model,
                    tokenizer=tokenizer, device=device, seed=c.seed)
-    if state is not None:  # a LoRA run's checkpoint holds the adapters: the engine gets them merged
-        weights = state["model"]
-        engine.update_weights(merge_lora_state(weights, lora_scaling(model_cfg.lora)) if model_cfg.lora.enabled
-                              else weights)
-
-    out_dir = Path(c.trainer.run_dir or (Path(ckpt).parent.parent if ckpt else "outputs/eval"))
-    val_files = c.data.val_files or ensure_task_files(c, out_dir / "data")[1]
-    tasks = require_tasks(load_tasks(val_files), val_files, "eval runs the validation tasks; give a file with tasks "
-                          "(data.val_files, or env.val_tasks > 0)")
+    if weights is not None:
+        engine.update_weights(weights)
+    with tempfile.TemporaryDirectory(prefix="omrl-eval-") as scratch:  # generated tasks never touch the run's files
+        val_files = c.data.val_files or ensure_task_files(c, scratch)[1]
+        tasks = require_tasks(load_tasks(val_files), val_files, "eval runs the validation tasks; give a file with "
+                              "tasks (data.val_files, or env.val_tasks > 0)")
     if c.trainer.val_max_tasks:
         tasks = tasks[: c.trainer.val_max_tasks]
     template = build("template", c.template)

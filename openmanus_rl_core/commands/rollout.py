@@ -1,17 +1,21 @@
 """``openmanus-rl rollout``: collect trajectories for a set of tasks and write them for reading.
 
-    openmanus-rl rollout env=key_door template=react reward=default allocator=last_token \\
-        rollout.num_tasks=32 rollout.n=4 rollout.temperature=0.7 model.path=/path/to/model
+    openmanus-rl rollout trainer.checkpoint=outputs/2026-11-23/10-00-00-key_door rollout.num_tasks=32 rollout.n=4
+    openmanus-rl rollout env=key_door template=react model.path=/path/to/hf_folder rollout.temperature=0.7
 
-Everything concrete comes from the registries, chosen by the config: the env (``env.name`` + ``env.kwargs``), the
-template (``template.name`` + ``template.kwargs``), the reward components (``reward.components``), the allocator
-(``allocator.name`` + ``allocator.kwargs``) and the engine (``rollout.engine`` + ``rollout.engine_kwargs``).
+The policy: a checkpoint's weights (``trainer.checkpoint``: a step folder or a run directory), whose run also
+gives the env, template, reward, allocator and model unless the command line names them (printed at start); or a
+Hugging Face folder (``model.path``); or, with neither, the embedded tiny model untrained. Everything concrete
+comes from the registries, chosen by the config: the env (``env.name`` + ``env.kwargs``), the template, the reward
+components (``reward.components``), the allocator and the engine (``rollout.engine`` + ``rollout.engine_kwargs``).
 
 Tasks: the rows of ``rollout.tasks_file`` (parquet, or JSON lines), else ``data.val_files`` when set, else
 ``rollout.num_tasks`` task ids from ``rollout.task_offset`` (seed = ``seed`` + task id). Each task is run
-``rollout.n`` times, ``rollout.batch_size`` episodes per agent-loop run.
+``rollout.n`` times (default ``algorithm.n``: 8 with GRPO; ``rollout.n=1`` for one episode per task),
+``rollout.batch_size`` episodes per agent-loop run, with a progress bar.
 
-Writes into ``rollout.output_dir`` (default ``outputs/rollout-<date>-<time>``):
+Writes into ``rollout.output_dir`` (default ``<trainer.output_dir>/<date>/<time>-rollout-<env>``, created and
+checked before any work):
 
 - ``trajectories.jsonl``: one JSON object per episode (task, group, termination, reward and its breakdown, the
   turns with response, parsed action, observation, env reward, info, token span);
@@ -26,6 +30,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -212,26 +217,43 @@ def write_html(path: str | Path, records: Sequence[Mapping[str, Any]], summary: 
 
 
 # -------------------------------------------------------------------------------------------------- job
-def rollout(cfg: Any) -> int:
+def rollout(cfg: Any, overrides: Sequence[str] = ()) -> int:
     """Run ``openmanus-rl rollout`` with the composed config; returns the exit status (0; 1 when every episode
-    ended as ``env_error``)."""
-    from openmanus_rl_core.config import check
+    ended as ``env_error``). ``overrides``: the command line, whose sections win over a checkpoint's run."""
+    from openmanus_rl_core.commands.from_run import adopt_run_config
+    from openmanus_rl_core.config import ConfigError, check
     from openmanus_rl_core.envs import open_env_service
+    from openmanus_rl_core.metrics import dated_dir
     from openmanus_rl_core.registry import registry
 
-    cfg = check(cfg, training=False)
+    cfg, ckpt = adopt_run_config(check(cfg, training=False), overrides)
+    # The output folder first: a path that cannot be written fails now, not after every episode has run.
+    key, where = ("rollout.output_dir", cfg.rollout.output_dir) if cfg.rollout.output_dir else (
+        "trainer.output_dir", cfg.trainer.output_dir)
+    try:
+        if cfg.rollout.output_dir:
+            out_dir = Path(cfg.rollout.output_dir).expanduser()
+            out_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            out_dir = dated_dir(cfg.trainer.output_dir, f"rollout-{cfg.env.name}")
+        if not os.access(out_dir, os.W_OK):
+            raise PermissionError("not writable")
+    except OSError as exc:
+        raise ConfigError(f"{key}={where}: cannot write the rollout there ({exc.strerror or exc})") from None
     # The env's servers are checked (or started) before the model is built; envs reach them by URL.
     service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs)
     cfg.env.kwargs = service.kwargs
     try:
-        return _run(cfg)
+        return _run(cfg, ckpt, out_dir)
     finally:
         service.close()
 
 
-def _run(cfg: Any) -> int:
+def _run(cfg: Any, ckpt: Any, out_dir: Path) -> int:
     import torch
+    from tqdm.auto import tqdm
 
+    from openmanus_rl_core.commands.from_run import load_policy
     from openmanus_rl_core.models import load_model_and_tokenizer
     from openmanus_rl_core.registry import build
     from openmanus_rl_core.rewards import RewardComposer
@@ -247,21 +269,30 @@ def _run(cfg: Any) -> int:
     tasks = load_task_rows(cfg)
     if not tasks:
         raise ValueError("no tasks to run: set rollout.num_tasks > 0 or point rollout.tasks_file at a task file")
-    corpus = None
-    if not cfg.model.path:
-        # The embedded tiny model: its tokenizer learns from what the agent will read and write.
+    policy = load_policy(cfg, ckpt)
+    if policy is None:
+        # The embedded tiny model, untrained: its tokenizer learns from what the agent will read and write.
         corpus = tokenizer_corpus(env_factory, template, tasks[: min(len(tasks), 64)], max_turns=rcfg.max_turns)
-    model, tokenizer = load_model_and_tokenizer(cfg.model, corpus=corpus)
+        (model, tokenizer), weights = load_model_and_tokenizer(cfg.model, corpus=corpus), None
+        print("policy: the embedded tiny model, untrained (give trainer.checkpoint=<run> or model.path=<folder>)")
+    else:
+        model, tokenizer, weights = policy
     engine_kwargs = {"device": rcfg.device, "seed": cfg.seed, **rcfg.engine_kwargs}
     engine = build("engine", {"name": rcfg.engine, "kwargs": engine_kwargs}, model=model, tokenizer=tokenizer)
+    if weights is not None:
+        engine.update_weights(weights)
     loop = AgentLoop(engine, tokenizer, template, env_factory, rcfg)
 
     expanded = expand_tasks(tasks, rcfg.n)
     per_run = max(rcfg.n, rcfg.batch_size - rcfg.batch_size % rcfg.n)  # keep the samples of one task in one run
     episodes = []
     t0 = time.perf_counter()
-    for i in range(0, len(expanded), per_run):
-        episodes.extend(loop.run(expanded[i: i + per_run]))
+    with tqdm(total=len(expanded), desc="rollout", unit="episode", file=sys.stderr, dynamic_ncols=True) as bar:
+        for i in range(0, len(expanded), per_run):
+            done = loop.run(expanded[i: i + per_run])
+            episodes.extend(done)
+            bar.update(len(done))
+            bar.set_postfix(success=f"{sum(bool(e.trajectory.success) for e in episodes) / len(episodes):.3f}")
     elapsed = time.perf_counter() - t0
 
     if composer is not None:
@@ -274,8 +305,6 @@ def _run(cfg: Any) -> int:
     rewards = [float(r) for r in batch["reward"]]
     metrics["rollout/reward/mean"] = sum(rewards) / len(rewards)
 
-    out_dir = Path(rcfg.output_dir) if rcfg.output_dir else Path("outputs") / time.strftime("rollout-%Y%m%d-%H%M%S")
-    out_dir.mkdir(parents=True, exist_ok=True)
     records = [episode_record(e, breakdowns[i] if breakdowns is not None else None, i) for i, e in enumerate(episodes)]
     write_jsonl(out_dir / "trajectories.jsonl", records)
     summary = {

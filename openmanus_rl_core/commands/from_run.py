@@ -1,0 +1,103 @@
+"""What ``eval`` and ``rollout`` take from the run a checkpoint belongs to.
+
+A checkpoint saves the whole typed config of its run (``meta.config``). Started with ``trainer.checkpoint=...``,
+these commands take the run's env, template, reward, allocator and model sections (with the env its
+``rollout.max_turns``), except the sections the command line names (``env=word_copy``, ``model.dtype=bf16``,
+...), and print which came from where. The policy is the run's model folder with the checkpoint's weights
+(LoRA adapters merged).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from openmanus_rl_core.schema import Config
+
+# The sections a run's checkpoint decides, in the order they are reported.
+FROM_RUN = ("env", "template", "reward", "allocator", "model")
+
+
+@dataclass
+class RunCheckpoint:
+    """A checkpoint opened for evaluation: its folder, its step, the model folder its run trained (as saved), its
+    weights."""
+
+    path: Path
+    step: Any
+    model_dir: str | None
+    weights: dict
+
+
+def named_sections(overrides: Sequence[str]) -> set[str]:
+    """Top-level sections the command-line overrides touch (``env=x`` and ``env.kwargs.k=v`` both name ``env``)."""
+    return {o.split("=", 1)[0].lstrip("+~").split(".")[0] for o in overrides if "=" in o}
+
+
+def adopt_run_config(c: Config, overrides: Sequence[str],
+                     log: Callable[[str], None] = print) -> tuple[Config, RunCheckpoint | None]:
+    """``(config, checkpoint)``: ``c`` with the checkpoint's run settings in every section of :data:`FROM_RUN`
+    the overrides leave alone; ``(c, None)`` without ``trainer.checkpoint``."""
+    from omegaconf import OmegaConf
+
+    from openmanus_rl_core.checkpoint import open_checkpoint
+    from openmanus_rl_core.config import check
+
+    if not c.trainer.checkpoint:
+        return c, None
+    path, state = open_checkpoint(str(c.trainer.checkpoint), keys=["model", "meta"])
+    meta = state.get("meta") or {}
+    saved = meta.get("config") or {}
+    named = named_sections(overrides)
+    taken = [s for s in FROM_RUN if s not in named and s in saved]
+    # Each taken section is rebuilt from the schema's defaults plus what the run saved (open mappings such as the
+    # reward components start empty, so nothing of this command line's defaults is mixed in).
+    sections = {s: OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(type(getattr(c, s))), saved[s]))
+                for s in taken}
+    if "env" in taken and "rollout" not in named and "max_turns" in saved.get("rollout", {}):
+        sections["rollout"] = dataclasses.replace(c.rollout, max_turns=saved["rollout"]["max_turns"])
+    c = check(dataclasses.replace(c, **sections), training=False)
+    ckpt = RunCheckpoint(path=path, step=meta.get("step"), model_dir=meta.get("model_dir"), weights=state["model"])
+    described = {"env": c.env.name, "template": c.template.name, "allocator": c.allocator.name,
+                 "reward": "+".join(c.reward.components) or "none",
+                 "model": c.model.path or ckpt.model_dir or "the run's model folder"}
+    log(f"checkpoint: {path} (step {ckpt.step})")
+    log("from the run: " + (", ".join(f"{s}={described[s]}" for s in taken) or "nothing")
+        + ("; from the command line: " + ", ".join(f"{s}={described[s]}" for s in FROM_RUN if s not in taken)
+           if len(taken) < len(FROM_RUN) else ""))
+    return c, ckpt
+
+
+def _model_dir(path: Path, saved: str | None) -> str:
+    """The run's model folder: where the run says, else ``<run_dir>/model`` (a run directory moved elsewhere)."""
+    if saved and Path(saved).exists():
+        return str(saved)
+    candidate = path.parent.parent / "model"
+    if not candidate.exists():
+        raise FileNotFoundError(f"{path}: its model folder {saved!r} is gone and {candidate} does not exist; pass "
+                                f"model.path=<the Hugging Face folder the run started from>")
+    return str(candidate)
+
+
+def load_policy(c: Config, ckpt: RunCheckpoint | None):
+    """``(model, tokenizer, weights)``: the run's model folder and the checkpoint's weights for the engine (LoRA
+    adapters merged; push them with ``engine.update_weights``), or ``model.path`` and ``None``. ``None`` when
+    neither is given."""
+    from transformers import AutoModelForCausalLM
+
+    from openmanus_rl_core.models import _dtype, load_tokenizer, lora_scaling, merge_lora_state
+
+    if ckpt is not None:  # the checkpoint's weights on model.path (a moved run's folder) or the run's own folder
+        model_dir = str(Path(c.model.path).expanduser()) if c.model.path else _model_dir(ckpt.path, ckpt.model_dir)
+        weights = ckpt.weights
+        if c.model.lora.enabled:
+            weights = merge_lora_state(weights, lora_scaling(c.model.lora))
+    elif c.model.path:
+        model_dir, weights = str(Path(c.model.path).expanduser()), None
+    else:
+        return None
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=_dtype(c.model.dtype))
+    return model, tokenizer, weights
