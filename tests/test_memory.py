@@ -11,7 +11,7 @@ from openmanus_rl_core.models import build_tiny_model, build_tokenizer
 from openmanus_rl_core.protocols import ParsedAction, PastTurn, Trajectory, Turn
 from openmanus_rl_core.registry import UnknownPluginError, build, registry
 from openmanus_rl_core.rollout import AgentLoop, Episode, RolloutConfig, build_batch, expand_tasks, tokenizer_corpus
-from openmanus_rl_core.rollout_job import episode_record, write_html
+from openmanus_rl_core.commands.rollout import episode_record, write_html
 from openmanus_rl_core.testing import ConformanceError, check_memory
 
 
