@@ -162,9 +162,10 @@ class RolloutConfig:
     engine_kwargs: Dict[str, Any] = opt({}, "engine constructor arguments (checked by the engine)")
     n: int = opt("${algorithm.n}", "samples per task (the group size of group-based estimators)", ge=1)
     max_turns: int = opt("${env.max_turns}", "model replies per episode", ge=1)
-    max_prompt_tokens: int = opt(512, "the first prompt's tokens (a longer one is cut, observation first)", ge=1)
-    max_response_tokens: int = opt(512, "every token after the prompt (replies + observations) of an episode",
-                                   ge=1)
+    max_prompt_tokens: int = opt(512, "memory=full: the first prompt's tokens (a longer one is cut, observation "
+                                      "first)", ge=1)
+    max_response_tokens: int = opt(512, "memory=full: every token after the prompt (replies + observations) of an "
+                                        "episode", ge=1)
     max_sample_tokens: int = opt(1024, "per-turn memories: one turn sample's tokens (context + reply); the context "
                                        "is cut to fit, the episode's length is not bounded by it", ge=2)
     max_obs_tokens: int = opt(128, "one observation's tokens (longer ones keep their head and tail around "
