@@ -118,7 +118,8 @@ def _check_components(c: Config) -> None:
     from openmanus_rl_core.registry import registry
 
     names = [("env", c.env.name), ("template", c.template.name), ("allocator", c.allocator.name),
-             ("advantage", c.algorithm.adv_estimator), ("loss", c.algorithm.policy_loss), ("engine", c.rollout.engine)]
+             ("advantage", c.algorithm.adv_estimator), ("loss", c.algorithm.policy_loss), ("engine", c.rollout.engine),
+             ("memory", c.memory.name)]
     names += [("reward", (spec or {}).get("name") or label) for label, spec in c.reward.components.items()]
     for kind, name in names:
         registry(kind).resolve(name)

@@ -16,6 +16,7 @@ allocator      ``openmanus_rl.allocators``   an :class:`Allocator` class or func
 advantage      ``openmanus_rl.advantages``   ``estimator(batch, **cfg) -> (advantages, returns)``
 loss           ``openmanus_rl.losses``       ``loss(old_logprob, logprob, advantages, mask, **cfg)``
 engine         ``openmanus_rl.engines``      a :class:`RolloutEngine` class
+memory         ``openmanus_rl.memories``     a :class:`Memory` class
 =============  ============================  =====================================================
 """
 
@@ -37,6 +38,8 @@ __all__ = [
     "SamplingParams",
     "Generation",
     "RolloutEngine",
+    "Memory",
+    "PastTurn",
     "TERMINATIONS",
     "as_text",
 ]
@@ -290,3 +293,34 @@ class RolloutEngine(Protocol):
     # colocated actor trains, ``wake_up()`` takes it back; ``generate`` and ``update_weights`` wake the engine by
     # themselves. The actor worker calls ``sleep()`` after every rollout when the engine has it
     # (``rollout.sleep_after_rollout``).
+
+
+# ------------------------------------------------------------------------------------------ memory
+@dataclass
+class PastTurn:
+    """One finished turn as a :class:`Memory` sees it: the model's ``reply`` (text as generated), the ``action``
+    the template parsed out of it, and the ``observation`` the env answered with (cut to the rollout's
+    ``max_obs_tokens`` as the model would see it)."""
+
+    reply: str
+    action: str
+    observation: str
+
+
+@runtime_checkable
+class Memory(Protocol):
+    """Decides what context the model sees at each turn.
+
+    ``per_turn = False`` (the ``full`` memory): the loop concatenates the whole episode token for token (one
+    training sample per episode); ``messages`` then only describes that context. ``per_turn = True``: before each
+    reply the loop renders ``messages(...)`` with the tokenizer's chat template (generation prompt added); that
+    context is the prompt of the turn's own training sample, cut to the rollout's per-sample token budget
+    (oldest past turns dropped first).
+    """
+
+    per_turn: bool
+
+    def messages(self, system: str, task: str, history: Sequence[PastTurn]) -> list[dict[str, str]]:
+        """The chat (``[{"role": "system" | "user" | "assistant", "content": str}, ...]``, ending with a user
+        message) for the next reply: ``system`` is the template's system prompt, ``task`` the first observation,
+        ``history`` every finished turn so far, oldest first (its last observation is the current one)."""

@@ -28,6 +28,7 @@ KINDS: dict[str, str] = {
     "advantage": "openmanus_rl.advantages",
     "loss": "openmanus_rl.losses",
     "engine": "openmanus_rl.engines",
+    "memory": "openmanus_rl.memories",
 }
 """Component kind -> entry-point group."""
 

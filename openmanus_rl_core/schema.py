@@ -55,6 +55,16 @@ class NamedComponentConfig:
 
 
 @dataclass
+class MemoryConfig:
+    """What context the model sees at each turn (group ``memory``: full, window, summary; registry
+    ``openmanus_rl.memories``). Any memory but ``full`` makes one training sample per turn."""
+
+    name: str = opt(MISSING, "memory plugin name (registry `openmanus_rl.memories`)")
+    window: int = opt(4, "window / summary: the last K turns shown verbatim after the task", ge=1)
+    kwargs: Dict[str, Any] = opt({}, "constructor arguments of the memory (checked by the memory plugin)")
+
+
+@dataclass
 class RewardConfig:
     """The reward (group ``reward``): weighted components, summed."""
 
@@ -152,9 +162,12 @@ class RolloutConfig:
     engine_kwargs: Dict[str, Any] = opt({}, "engine constructor arguments (checked by the engine)")
     n: int = opt("${algorithm.n}", "samples per task (the group size of group-based estimators)", ge=1)
     max_turns: int = opt("${env.max_turns}", "model replies per episode", ge=1)
-    max_prompt_tokens: int = opt(512, "the first prompt's tokens (a longer one is cut, observation first)", ge=1)
-    max_response_tokens: int = opt(512, "every token after the prompt (replies + observations) of an episode",
-                                   ge=1)
+    max_prompt_tokens: int = opt(512, "memory=full: the first prompt's tokens (a longer one is cut, observation "
+                                      "first)", ge=1)
+    max_response_tokens: int = opt(512, "memory=full: every token after the prompt (replies + observations) of an "
+                                        "episode", ge=1)
+    max_sample_tokens: int = opt(1024, "per-turn memories: one turn sample's tokens (context + reply); the context "
+                                       "is cut to fit, the episode's length is not bounded by it", ge=2)
     max_obs_tokens: int = opt(128, "one observation's tokens (longer ones keep their head and tail around "
                                    "`[...]`)", ge=1)
     max_new_tokens: int = opt(64, "one reply's tokens", ge=1)
@@ -299,6 +312,7 @@ class Config:
     template: NamedComponentConfig = field(default_factory=NamedComponentConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     allocator: NamedComponentConfig = field(default_factory=NamedComponentConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -336,5 +350,12 @@ def _rule_reply_budget(c: Config) -> str | None:
     return None
 
 
+def _rule_sample_budget(c: Config) -> str | None:
+    if c.rollout.max_new_tokens >= c.rollout.max_sample_tokens:
+        return (f"rollout.max_sample_tokens={c.rollout.max_sample_tokens}: a turn sample needs room for its context "
+                f"besides rollout.max_new_tokens={c.rollout.max_new_tokens}; raise it above that")
+    return None
+
+
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
-RULES = (_rule_group_size, _rule_critic, _rule_reply_budget)
+RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget)

@@ -142,6 +142,7 @@ ALIASES = {
 READ_AS_A_WHOLE = {
     "env.kwargs": "registry.build('env', cfg.env)", "template": "registry.build('template', cfg.template)",
     "allocator": "registry.build('allocator', cfg.allocator)",
+    "memory": "registry.build('memory', cfg.memory); memory.window reaches the plugin through memory/<name>.yaml",
     "env.max_turns": "the default of rollout.max_turns (${env.max_turns})",
     "model.tiny": "models.load_model_and_tokenizer passes it to build_tiny_model",
     "algorithm.kl_ctrl": "Trainer._kl_controller passes it to make_kl_controller",

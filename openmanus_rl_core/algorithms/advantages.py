@@ -107,6 +107,36 @@ def group_index(group_ids: Any, n: int, device: torch.device | str | None = None
     return codes.to(device), len(table)
 
 
+def episode_index(episode_ids: Any, n: int, device: torch.device | str | None = None
+                  ) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """Turn samples -> episodes: ``(eid [n], E, first [E])``: each row's dense episode id, the number of episodes,
+    and each episode's first row (its representative for per-episode labels)."""
+    eid, E = group_index(episode_ids, n, device)
+    rows = torch.arange(n, device=eid.device)
+    first = torch.full((E,), n, dtype=torch.long, device=eid.device).scatter_reduce_(0, eid, rows, reduce="amin")
+    return eid, E, first
+
+
+def _take(labels: Any, index: torch.Tensor) -> Any:
+    """``labels`` (tensor, numpy array or sequence) at the rows ``index``."""
+    if isinstance(labels, torch.Tensor):
+        return labels[index.to(labels.device)]
+    if isinstance(labels, np.ndarray):
+        return labels[index.cpu().numpy()]
+    labels = list(labels)
+    return [labels[i] for i in index.tolist()]
+
+
+def _pooled_scores(scores: torch.Tensor, group_ids: Any, valid: Any, episode_ids: Any):
+    """Sequence scores pooled per episode: ``(episode scores [E], episode group ids, episode valid, eid [B],
+    first [E])``; an episode's score is the sum of its rows' scores, its group and validity those of its first row."""
+    B = scores.shape[0]
+    eid, E, first = episode_index(episode_ids, B, scores.device)
+    pooled = torch.zeros(E, dtype=scores.dtype, device=scores.device).index_add_(0, eid, scores)
+    v = _valid_rows(valid, B, scores.device)
+    return pooled, _take(group_ids, first), None if v is None else v[first], eid, first
+
+
 def _factorize_table(values: list) -> dict:
     """``{value: dense id}`` in first-seen order. ``dict.fromkeys`` and ``map`` keep the per-element work in C."""
     return {v: i for i, v in enumerate(dict.fromkeys(values))}
@@ -305,6 +335,7 @@ def compute_grpo(
     epsilon: float = 1e-6,
     norm_by_std: bool = True,
     valid: Any = None,
+    episode_ids: Any = None,
 ) -> torch.Tensor:
     """GRPO outcome advantage (Shao et al. 2024); ``norm_by_std=False`` is Dr. GRPO (Liu et al. 2025).
 
@@ -316,12 +347,18 @@ def compute_grpo(
     ``std`` is unbiased; mean and std run over the group's valid members (``valid``, ``[B]`` bool; default all);
     invalid samples and groups with fewer than two valid members get 0. Shapes: ``token_rewards,
     response_mask: [B, T]``, ``group_ids``: B hashable labels (list / numpy array / tensor). Returns ``[B, T]``.
+
+    Turn samples (``episode_ids``: B labels, the rows of one episode share one): ``s_e`` = the sum of ``s_i`` over
+    the episode's rows, the group statistics run over episodes, and each row gets its episode's ``A_e``.
     """
     _check_same_shape("token_rewards", token_rewards, response_mask=response_mask)
     m = _bool(response_mask)
     dtype = _float_dtype(token_rewards)
     scores = _sequence_scores(token_rewards, m, dtype)
-    return _broadcast(grpo_sequence_advantages(scores, group_ids, epsilon, norm_by_std, valid), m)
+    if episode_ids is None:
+        return _broadcast(grpo_sequence_advantages(scores, group_ids, epsilon, norm_by_std, valid), m)
+    pooled, groups, ep_valid, eid, _ = _pooled_scores(scores, group_ids, valid, episode_ids)
+    return _broadcast(grpo_sequence_advantages(pooled, groups, epsilon, norm_by_std, ep_valid)[eid], m)
 
 
 @torch.no_grad()
@@ -342,7 +379,7 @@ def grpo_sequence_advantages(
 
 @torch.no_grad()
 def compute_rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: Any,
-                 valid: Any = None) -> torch.Tensor:
+                 valid: Any = None, episode_ids: Any = None) -> torch.Tensor:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024): each score minus the mean of the *other* scores in its group.
 
         s_i = sum_t r_{i,t} * mask_{i,t}
@@ -350,13 +387,16 @@ def compute_rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group
 
     ``n_g`` and the sums count the valid members only (``valid``, ``[B]`` bool; default all); invalid samples and
     groups with fewer than two valid members get 0. Shapes: ``[B, T]`` in, ``group_ids`` B labels; returns
-    ``[B, T]`` (``A_i * mask``).
+    ``[B, T]`` (``A_i * mask``). Turn samples (``episode_ids``): pooled per episode as in :func:`compute_grpo`.
     """
     _check_same_shape("token_rewards", token_rewards, response_mask=response_mask)
     m = _bool(response_mask)
     dtype = _float_dtype(token_rewards)
     scores = _sequence_scores(token_rewards, m, dtype)
-    return _broadcast(rloo_sequence_advantages(scores, group_ids, valid), m)
+    if episode_ids is None:
+        return _broadcast(rloo_sequence_advantages(scores, group_ids, valid), m)
+    pooled, groups, ep_valid, eid, _ = _pooled_scores(scores, group_ids, valid, episode_ids)
+    return _broadcast(rloo_sequence_advantages(pooled, groups, ep_valid)[eid], m)
 
 
 @torch.no_grad()
@@ -529,6 +569,7 @@ def compute_gigpo(
     epsilon: float = 1e-6,
     norm_by_std: bool = True,
     valid: Any = None,
+    episode_ids: Any = None,
 ) -> torch.Tensor:
     """GiGPO: group-in-group policy optimisation (Feng et al. 2025) for multi-turn agents.
 
@@ -555,6 +596,10 @@ def compute_gigpo(
     within one trajectory included. Singleton groups (episode or step) get 0; ``norm_by_std=False`` drops the std
     division at both levels. Invalid samples (``valid``, ``[B]`` bool) join no group at either level and get 0.
     Returns ``[B, T]``.
+
+    Turn samples (``episode_ids``: B labels, the rows of one episode share one, and carry the episode's
+    ``step_rewards`` and ``anchor_obs``): ``s_e`` sums the episode's rows, both levels run over episodes (each
+    step counted once), and a row's tokens read ``A^E_e + step_weight * A^S_{e, step_ids}``.
     """
     _check_same_shape("token_rewards", token_rewards, response_mask=response_mask, step_ids=step_ids)
     if step_ids.is_floating_point():
@@ -563,17 +608,26 @@ def compute_gigpo(
     dtype = _float_dtype(token_rewards)
     device = token_rewards.device
     B = token_rewards.shape[0]
-    gid, G = group_index(group_ids, B, device)
+    scores = _sequence_scores(token_rewards, m, dtype)
+    v = _valid_rows(valid, B, device)
+    row_episode = None
+    if episode_ids is not None:  # pool turn samples into episodes; both levels then run over episodes
+        scores, group_ids, ep_valid, row_episode, first = _pooled_scores(scores, group_ids, v, episode_ids)
+        step_rewards, anchor_obs = _take(step_rewards, first), _take(anchor_obs, first)
+    else:
+        ep_valid = v
+    gid, G = group_index(group_ids, scores.shape[0], device)
 
     # Episode level: GRPO over whole trajectories.
-    v = _valid_rows(valid, B, device)
-    episode_adv = _group_normalise(_sequence_scores(token_rewards, m, dtype), gid, G, epsilon, norm_by_std, v)
+    episode_adv = _group_normalise(scores, gid, G, epsilon, norm_by_std, ep_valid)
 
     # Step level.
     step_adv, num_steps = gigpo_step_advantages(
-        gid, step_rewards, anchor_obs, gamma=gamma, epsilon=epsilon, norm_by_std=norm_by_std, valid=v
+        gid, step_rewards, anchor_obs, gamma=gamma, epsilon=epsilon, norm_by_std=norm_by_std, valid=ep_valid
     )
     step_adv = step_adv.to(dtype)
+    if row_episode is not None:
+        episode_adv, step_adv, num_steps = episode_adv[row_episode], step_adv[row_episode], num_steps[row_episode]
     step_ids = step_ids.to(device=device, dtype=torch.long)
     lowest, highest = torch.aminmax(step_ids, dim=1) if step_ids.numel() else (num_steps * 0, num_steps * 0 - 1)
     if bool((highest >= num_steps).any()):
@@ -623,6 +677,7 @@ def _grpo(batch: Batch, name: str, norm_by_std: bool, cfg: dict) -> tuple[torch.
     adv = compute_grpo(
         batch["token_level_rewards"], batch["response_mask"], batch["group_ids"],
         epsilon=float(_cfg(cfg, "epsilon", 1e-6)), norm_by_std=norm_by_std, valid=batch.get("valid"),
+        episode_ids=batch.get("episode_ids"),
     )
     return adv, adv
 
@@ -647,7 +702,7 @@ def rloo_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor
     """
     _need(batch, ("token_level_rewards", "response_mask", "group_ids"), "rloo")
     adv = compute_rloo(batch["token_level_rewards"], batch["response_mask"], batch["group_ids"],
-                       valid=batch.get("valid"))
+                       valid=batch.get("valid"), episode_ids=batch.get("episode_ids"))
     return adv, adv
 
 
@@ -682,6 +737,6 @@ def gigpo_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tenso
         batch["step_rewards"], batch["anchor_obs"],
         gamma=float(_cfg(cfg, "gamma", 0.95)), step_weight=float(_cfg(cfg, "step_weight", 1.0)),
         epsilon=float(_cfg(cfg, "epsilon", 1e-6)), norm_by_std=bool(_cfg(cfg, "norm_by_std", True)),
-        valid=batch.get("valid"),
+        valid=batch.get("valid"), episode_ids=batch.get("episode_ids"),
     )
     return adv, adv

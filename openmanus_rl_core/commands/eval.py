@@ -54,7 +54,7 @@ def evaluate(cfg: Any, overrides: Sequence[str] = ()) -> int:
     rcfg = dataclasses.replace(c.rollout, n=1, greedy=c.trainer.val_greedy, temperature=c.trainer.val_temperature)
     service = open_env_service(c.env.name, registry("env").get(c.env.name), c.env.kwargs)
     c.env.kwargs = service.kwargs
-    loop = AgentLoop(engine, tokenizer, template, lambda: build("env", c.env), rcfg)
+    loop = AgentLoop(engine, tokenizer, template, lambda: build("env", c.env), rcfg, memory=build("memory", c.memory))
     t0 = time.perf_counter()
     try:
         episodes = loop.run(expand_tasks([dict(t, group_id=f"eval:{i}") for i, t in enumerate(tasks)], 1))

@@ -85,8 +85,10 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-def episode_record(episode: Any, breakdown: Any | None = None, index: int = 0) -> dict[str, Any]:
-    """A JSON-ready dict for one episode (what a line of ``trajectories.jsonl`` holds)."""
+def episode_record(episode: Any, breakdown: Any | None = None, index: int = 0, tokenizer: Any = None) -> dict[str, Any]:
+    """A JSON-ready dict for one episode (what a line of ``trajectories.jsonl`` holds). With ``tokenizer``, each
+    turn also carries ``context``: the exact tokens the model saw before that reply, decoded (special tokens kept),
+    and ``context_tokens``, their number."""
     t = episode.trajectory
     turns = []
     for k, tr in enumerate(t.turns):
@@ -103,6 +105,10 @@ def episode_record(episode: Any, breakdown: Any | None = None, index: int = 0) -
             "info": tr.info,
             "span": list(tr.span),
         })
+        if tokenizer is not None:
+            ids = episode.context_ids(k)
+            turns[-1]["context"] = tokenizer.decode(ids, skip_special_tokens=False)
+            turns[-1]["context_tokens"] = len(ids)
     rec = {
         "index": index,
         "task_id": t.task_id,
@@ -144,6 +150,7 @@ details{border:1px solid #ddd;border-radius:6px;margin:.4em 0;padding:.3em .6em}
 summary{cursor:pointer}.ok{color:#070}.bad{color:#a00}.muted{color:#777}
 pre{white-space:pre-wrap;word-break:break-word;background:#f6f6f6;padding:.4em;margin:.2em 0;border-radius:4px}
 .turn{border-left:3px solid #89b;padding-left:.6em;margin:.6em 0}.obs{background:#eef5ee}.resp{background:#f3f0fa}
+.ctx{background:#fdf8e8;font-size:90%}
 """
 
 
@@ -199,9 +206,11 @@ def write_html(path: str | Path, records: Sequence[Mapping[str, Any]], summary: 
         for t in r.get("turns", []):
             a = t.get("action", {})
             valid = "ok" if a.get("valid") else "bad"
+            context = (f"<details><summary class='muted'>context the model saw ({_e(t.get('context_tokens'))} tokens)"
+                       f"</summary><pre class='ctx'>{_e(t['context'])}</pre></details>" if "context" in t else "")
             parts.append(
                 f"<div class='turn'><b>turn {_e(t.get('turn'))}</b> <span class='muted'>tokens {_e(t.get('span'))}"
-                f"</span><pre class='resp'>{_e(t.get('response'))}</pre>"
+                f"</span>{context}<pre class='resp'>{_e(t.get('response'))}</pre>"
                 f"action <span class='{valid}'>[{_e(a.get('kind'))}]</span> <code>{_e(a.get('content'))}</code>"
                 f"<pre class='obs'>{_e(t.get('observation'))}</pre>"
                 f"env reward {_fmt(t.get('env_reward'))} &middot; turn reward {_fmt(t.get('reward'))}"
@@ -281,7 +290,7 @@ def _run(cfg: Any, ckpt: Any, out_dir: Path) -> int:
     engine = build("engine", {"name": rcfg.engine, "kwargs": engine_kwargs}, model=model, tokenizer=tokenizer)
     if weights is not None:
         engine.update_weights(weights)
-    loop = AgentLoop(engine, tokenizer, template, env_factory, rcfg)
+    loop = AgentLoop(engine, tokenizer, template, env_factory, rcfg, memory=build("memory", cfg.memory))
 
     expanded = expand_tasks(tasks, rcfg.n)
     per_run = max(rcfg.n, rcfg.batch_size - rcfg.batch_size % rcfg.n)  # keep the samples of one task in one run
@@ -299,13 +308,17 @@ def _run(cfg: Any, ckpt: Any, out_dir: Path) -> int:
         breakdowns, reward_metrics = composer.compose_batch([e.trajectory for e in episodes])
     else:
         breakdowns, reward_metrics = None, {}
-    batch = build_batch(episodes, breakdowns, allocator, tokenizer.pad_token_id, keep_env_errors=rcfg.keep_env_errors)
+    # The training batch as the trainer would build it: a broken allocator fails here, not in training.
+    build_batch(episodes, breakdowns, allocator, tokenizer.pad_token_id, keep_env_errors=rcfg.keep_env_errors)
     metrics = rollout_metrics(episodes, elapsed_s=elapsed)
     metrics.update(reward_metrics)
-    rewards = [float(r) for r in batch["reward"]]
+    # Per episode, not per sample (a per-turn memory makes one row per turn).
+    rewards = [float(b.total) for b in breakdowns] if breakdowns is not None else [e.trajectory.env_reward
+                                                                                    for e in episodes]
     metrics["rollout/reward/mean"] = sum(rewards) / len(rewards)
 
-    records = [episode_record(e, breakdowns[i] if breakdowns is not None else None, i) for i, e in enumerate(episodes)]
+    records = [episode_record(e, breakdowns[i] if breakdowns is not None else None, i, tokenizer)
+               for i, e in enumerate(episodes)]
     write_jsonl(out_dir / "trajectories.jsonl", records)
     summary = {
         "env": cfg.env.name, "template": cfg.template.name, "episodes": len(episodes),

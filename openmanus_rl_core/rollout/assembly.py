@@ -10,9 +10,12 @@ from openmanus_rl_core.rollout.episode import Episode
 
 def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, allocator: Callable[..., Any],
                 pad_token_id: int, keep_env_errors: bool = False):
-    """Stack episodes into a :class:`~openmanus_rl_core.batch.Batch` for the trainer.
+    """Stack episodes into a :class:`~openmanus_rl_core.batch.Batch` for the trainer: one row per episode, or,
+    for an episode of a per-turn memory (``Episode.contexts``), one row per turn (prompt = that turn's context,
+    response = that turn's reply with the engine's log-probs, scores = the allocator's values over the episode's
+    replies back to back, sliced to the turn).
 
-    Shapes (``B`` episodes, ``P`` longest prompt, ``R`` longest response, at least 1):
+    Shapes (``B`` rows, ``P`` longest prompt, ``R`` longest response, at least 1):
 
     - ``prompts`` [B, P] left-padded, ``responses`` [B, R] right-padded, ``input_ids`` = cat [B, P+R] (long);
     - ``attention_mask`` [B, P+R] (1 on real tokens), ``position_ids`` = clamp(cumsum(attention_mask) - 1, 0);
@@ -24,10 +27,11 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
     - ``token_level_scores`` [B, R] float: ``allocator(total, turn_rewards, segments, response_length)``;
     - ``step_ids`` [B, R] long: the turn index on each turn's reply tokens, -1 elsewhere.
 
-    non_tensors: ``group_ids``, ``uid`` (unique per sample), ``anchor_obs`` (per sample: the observation each turn
-    acted on), ``step_rewards`` (per sample: ``breakdown.turn_rewards``), ``success``, ``termination``,
-    ``num_turns``, ``task_id``, ``reward`` (composed total), ``reward_parts``. ``breakdowns=None``: the env's own
-    rewards (total = sum of step rewards, turn rewards = step rewards).
+    non_tensors (per row, the episode's values): ``group_ids``, ``uid`` (unique per sample), ``anchor_obs`` (the
+    observation each turn acted on), ``step_rewards`` (``breakdown.turn_rewards``), ``success``, ``termination``,
+    ``num_turns``, ``task_id``, ``reward`` (composed total), ``reward_parts``; with turn samples also
+    ``episode_ids`` (the episode's uid; the estimators pool its rows). A turn row's ``step_ids`` is its turn.
+    ``breakdowns=None``: the env's own rewards (total = sum of step rewards, turn rewards = step rewards).
     """
     import torch
 
@@ -38,45 +42,54 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
         raise ValueError("build_batch got no episodes")
     if breakdowns is not None and len(breakdowns) != B:
         raise ValueError(f"build_batch got {len(breakdowns)} reward breakdowns for {B} episodes")
-    P = max(1, max(len(e.prompt_ids) for e in episodes))
-    R = max(1, max(len(e.response_ids) for e in episodes))
-    prompts = torch.full((B, P), int(pad_token_id), dtype=torch.long)
-    responses = torch.full((B, R), int(pad_token_id), dtype=torch.long)
-    prompt_attn = torch.zeros((B, P), dtype=torch.long)
-    resp_attn = torch.zeros((B, R), dtype=torch.long)
-    mask = torch.zeros((B, R), dtype=torch.float32)
-    logp = torch.zeros((B, R), dtype=torch.float32)
-    scores = torch.zeros((B, R), dtype=torch.float32)
-    step_ids = torch.full((B, R), -1, dtype=torch.long)
-    valid = torch.ones(B, dtype=torch.bool)
-    totals, parts, step_rewards = [], [], []
+    rows = []  # (episode index, prompt ids, response slice [s, e), uid)
     for i, ep in enumerate(episodes):
+        if ep.contexts:
+            rows += [(i, ep.contexts[t], span, f"{ep.uid}:{t}") for t, span in enumerate(ep.trajectory.segments)]
+        else:
+            rows.append((i, ep.prompt_ids, (0, len(ep.response_ids)), ep.uid))
+    N = len(rows)
+    P = max(1, max(len(p) for _, p, _, _ in rows))
+    R = max(1, max(e - s for _, _, (s, e), _ in rows))
+    prompts = torch.full((N, P), int(pad_token_id), dtype=torch.long)
+    responses = torch.full((N, R), int(pad_token_id), dtype=torch.long)
+    prompt_attn = torch.zeros((N, P), dtype=torch.long)
+    resp_attn = torch.zeros((N, R), dtype=torch.long)
+    mask = torch.zeros((N, R), dtype=torch.float32)
+    logp = torch.zeros((N, R), dtype=torch.float32)
+    scores = torch.zeros((N, R), dtype=torch.float32)
+    step_ids = torch.full((N, R), -1, dtype=torch.long)
+    valid = torch.ones(N, dtype=torch.bool)
+    totals, parts, step_rewards, allocs = [], [], [], []
+    for ep, bd in zip(episodes, breakdowns if breakdowns is not None else [None] * B):
         traj = ep.trajectory
-        p, r = len(ep.prompt_ids), len(ep.response_ids)
-        valid[i] = traj.termination != "env_error" or keep_env_errors
-        if p:
-            prompts[i, P - p:] = torch.as_tensor(ep.prompt_ids, dtype=torch.long)
-            prompt_attn[i, P - p:] = 1
-        if r:
-            responses[i, :r] = torch.as_tensor(ep.response_ids, dtype=torch.long)
-            resp_attn[i, :r] = 1
-            logp[i, :r] = torch.as_tensor(ep.logprobs, dtype=torch.float32)
-            if valid[i]:
-                mask[i, :r] = torch.as_tensor(ep.response_mask, dtype=torch.float32)
-            step_ids[i, :r] = torch.as_tensor(ep.step_ids, dtype=torch.long)
-        if breakdowns is not None:
-            bd = breakdowns[i]
+        if bd is not None:
             total, turn_rewards, part = float(bd.total), [float(x) for x in bd.turn_rewards], dict(bd.parts)
         else:
             total, turn_rewards, part = traj.env_reward, [float(t.reward) for t in traj.turns], {}
+        r = len(ep.response_ids)
         alloc = list(allocator(total, turn_rewards, traj.segments, r)) if r else []
         if len(alloc) != r:
             raise ValueError(f"allocator returned {len(alloc)} values for a response of {r} tokens")
-        if r:
-            scores[i, :r] = torch.as_tensor(alloc, dtype=torch.float32)
         totals.append(total)
         parts.append(part)
         step_rewards.append(turn_rewards)
+        allocs.append(alloc)
+    for j, (i, prompt, (s, e), _) in enumerate(rows):
+        ep = episodes[i]
+        p, r = len(prompt), e - s
+        valid[j] = ep.trajectory.termination != "env_error" or keep_env_errors
+        if p:
+            prompts[j, P - p:] = torch.as_tensor(prompt, dtype=torch.long)
+            prompt_attn[j, P - p:] = 1
+        if r:
+            responses[j, :r] = torch.as_tensor(ep.response_ids[s:e], dtype=torch.long)
+            resp_attn[j, :r] = 1
+            logp[j, :r] = torch.as_tensor(ep.logprobs[s:e], dtype=torch.float32)
+            if valid[j]:
+                mask[j, :r] = torch.as_tensor(ep.response_mask[s:e], dtype=torch.float32)
+            step_ids[j, :r] = torch.as_tensor(ep.step_ids[s:e], dtype=torch.long)
+            scores[j, :r] = torch.as_tensor(allocs[i][s:e], dtype=torch.float32)
     attention_mask = torch.cat([prompt_attn, resp_attn], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     tensors = {
@@ -91,17 +104,19 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
         "step_ids": step_ids,
         "valid": valid,
     }
+    of = [i for i, _, _, _ in rows]
     non_tensors = {
-        "group_ids": [e.group_id for e in episodes],
-        "uid": [e.uid for e in episodes],
-        "anchor_obs": [list(e.anchor_obs) for e in episodes],
-        "step_rewards": step_rewards,
-        "success": [bool(e.trajectory.success) for e in episodes],
-        "termination": [e.trajectory.termination for e in episodes],
-        "num_turns": [e.trajectory.num_turns for e in episodes],
-        "task_id": [e.trajectory.task_id for e in episodes],
-        "reward": totals,
-        "reward_parts": parts,
+        "group_ids": [episodes[i].group_id for i in of],
+        "uid": [uid for _, _, _, uid in rows],
+        "anchor_obs": [list(episodes[i].anchor_obs) for i in of],
+        "step_rewards": [step_rewards[i] for i in of],
+        "success": [bool(episodes[i].trajectory.success) for i in of],
+        "termination": [episodes[i].trajectory.termination for i in of],
+        "num_turns": [episodes[i].trajectory.num_turns for i in of],
+        "task_id": [episodes[i].trajectory.task_id for i in of],
+        "reward": [totals[i] for i in of],
+        "reward_parts": [parts[i] for i in of],
     }
+    if any(ep.contexts for ep in episodes):  # turn samples: the estimators pool each episode's rows
+        non_tensors["episode_ids"] = [episodes[i].uid for i in of]
     return Batch(tensors=tensors, non_tensors=non_tensors, meta={"pad_token_id": int(pad_token_id)})
-

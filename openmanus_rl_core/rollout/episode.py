@@ -18,7 +18,11 @@ class Episode:
     ``response_mask[i]`` is 1 on tokens the model generated, 0 on observation / chat-template tokens;
     ``logprobs`` is aligned with ``response_ids`` (the engine's log-prob on mask-1 tokens, 0 elsewhere).
     ``truncated``: a token limit cut something (the prompt, an observation, or the episode itself).
-    ``anchor_obs[t]``: the observation turn ``t`` acted on. ``uid``: unique per sample.
+    ``anchor_obs[t]``: the observation turn ``t`` acted on. ``uid``: unique per episode.
+
+    With a per-turn memory, ``contexts[t]`` is the prompt the model saw before reply ``t`` (its own training
+    sample); ``response_ids`` then holds the replies back to back (all mask 1, ``Turn.span`` indexes them) and
+    ``prompt_ids`` is ``contexts[0]``. With the ``full`` memory ``contexts`` is empty.
     """
 
     trajectory: Trajectory
@@ -29,6 +33,7 @@ class Episode:
     truncated: bool = False
     anchor_obs: list[str] = field(default_factory=list)
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    contexts: list[list[int]] = field(default_factory=list)
 
     @property
     def group_id(self) -> Any:
@@ -41,3 +46,9 @@ class Episode:
         for t, (s, e) in enumerate(self.trajectory.segments):
             out[s:e] = [t] * (e - s)
         return out
+
+    def context_ids(self, t: int) -> list[int]:
+        """The exact tokens the model saw before reply ``t``."""
+        if self.contexts:
+            return list(self.contexts[t])
+        return self.prompt_ids + self.response_ids[: self.trajectory.turns[t].span[0]]

@@ -22,6 +22,15 @@ Termination reasons (``protocols.TERMINATIONS``): ``done`` (the env said so), ``
 (prompt / response / observation token limits: the next observation or reply does not fit), ``env_error`` (the
 env's factory, ``reset`` or ``step`` raised, hung past ``env_timeout_s``, or returned something that is not a
 ``StepResult``; the message is in ``Trajectory.error``), ``invalid`` (the model produced an empty reply).
+
+With a per-turn :class:`~openmanus_rl_core.protocols.Memory` (any but ``full``), each reply is its own sample::
+
+    context_t = chat(memory.messages(system, first observation, past turns), generation prompt)
+    sample_t  = context_t | reply_t          (reply mask 1; the engine's log-probs)
+
+``context_t`` is cut to ``max_sample_tokens - max_new_tokens`` by dropping the oldest past turns the memory sees
+(then, if still too long, keeping its last tokens); ``max_response_tokens`` does not bound such an episode. The
+episode's ``response_ids`` hold the replies back to back, so allocators and ``Turn.span`` work as with ``full``.
 """
 
 from __future__ import annotations
@@ -32,7 +41,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from openmanus_rl_core.protocols import (
+    Memory,
     ParsedAction,
+    PastTurn,
     RolloutEngine,
     SamplingParams,
     StepResult,
@@ -56,7 +67,7 @@ def sampling_params(cfg: RolloutConfig, stop: Sequence[str] = ()) -> SamplingPar
 class _Live:
     """Book-keeping of one episode while it runs."""
 
-    __slots__ = ("ep", "env", "obs", "done", "generation")
+    __slots__ = ("ep", "env", "obs", "done", "generation", "system", "task", "history")
 
     def __init__(self, ep: Episode):
         self.ep = ep
@@ -64,6 +75,10 @@ class _Live:
         self.obs = ""  # the observation the next reply acts on
         self.done = False
         self.generation: Any = None
+        # Per-turn memories: the system prompt, the first observation and the finished turns, as shown.
+        self.system = ""
+        self.task = ""
+        self.history: list[PastTurn] = []
 
 
 def _finish(live: _Live, termination: str, error: str | None = None) -> None:
@@ -79,20 +94,23 @@ class AgentLoop:
 
     ``env_factory()`` builds a fresh env per episode (``env.close()`` is always called, also after an error);
     ``template`` is a ``protocols.ActionTemplate`` (its ``stop`` strings end a reply); ``tokenizer`` is the
-    engine's tokenizer (its chat template builds the token layout, see the module doc).
+    engine's tokenizer (its chat template builds the token layout, see the module doc). ``memory``: what context
+    each reply sees; None or a memory with ``per_turn = False`` concatenates the whole episode.
 
     After :meth:`run`, ``self.stats`` holds timings of the last run: ``turns`` (per turn: live episodes,
     ``gen_s``, ``env_s``), ``reset_s``, ``total_s``, ``generate_calls``.
     """
 
     def __init__(self, engine: RolloutEngine, tokenizer: Any, template: Any, env_factory: Callable[[], Any],
-                 cfg: RolloutConfig | None = None):
+                 cfg: RolloutConfig | None = None, memory: Memory | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.template = template
         self.env_factory = env_factory
         self.cfg = cfg or RolloutConfig()
         self.chat = ChatDelta(tokenizer)
+        self.memory = memory
+        self.per_turn = bool(memory is not None and memory.per_turn)
         self.stats: dict[str, Any] = {}
 
     # -------------------------------------------------------------------------------------- helpers
@@ -124,6 +142,14 @@ class AgentLoop:
         system = self.template.system_prompt(str(instruction))
         obs_ids, cut = self._obs_tokens(obs)
         shown = self.tokenizer.decode(obs_ids) if cut else obs
+        if self.per_turn:
+            live.system, live.task = system, shown
+            ep.prompt_ids = self._context(live)
+            if cut:
+                ep.truncated = True
+                ep.trajectory.info["obs_truncated"] = ep.trajectory.info.get("obs_truncated", 0) + 1
+            live.obs = obs
+            return
         ids = self.chat.prompt_ids(system, shown)
         if len(ids) > cfg.max_prompt_tokens:
             # Still too long (a long system prompt): keep the end, where the observation and the header are.
@@ -135,6 +161,26 @@ class AgentLoop:
             ep.trajectory.info["obs_truncated"] = ep.trajectory.info.get("obs_truncated", 0) + 1
         ep.prompt_ids = ids
         live.obs = obs
+
+    def _context(self, live: _Live) -> list[int]:
+        """Per-turn memories: the next reply's context, fitted to the sample budget; appended to ``contexts``."""
+        ep, cfg = live.ep, self.cfg
+        limit = cfg.max_sample_tokens - cfg.max_new_tokens
+        history = live.history
+        for drop in range(len(history) + 1):
+            messages = self.memory.messages(live.system, live.task, history[drop:])
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = self.chat.encode(text)
+            if len(ids) <= limit:
+                break
+        if drop:
+            ep.trajectory.info["context_turns_dropped"] = ep.trajectory.info.get("context_turns_dropped", 0) + drop
+        if len(ids) > limit:
+            # Even the task alone does not fit: keep the end, where the observation and the header are.
+            ids = ids[-limit:]
+            ep.trajectory.info["context_truncated"] = ep.trajectory.info.get("context_truncated", 0) + 1
+        ep.contexts.append(ids)
+        return ids
 
     def _parse(self, text: str) -> tuple[ParsedAction, str | None]:
         try:
@@ -195,7 +241,9 @@ class AgentLoop:
                     break
                 # ONE batched generate over every live episode.
                 t0 = time.perf_counter()
-                gens = self.engine.generate([lv.ep.prompt_ids + lv.ep.response_ids for lv in live], params)
+                prompts = [lv.ep.contexts[-1] if self.per_turn else lv.ep.prompt_ids + lv.ep.response_ids
+                           for lv in live]
+                gens = self.engine.generate(prompts, params)
                 gen_s = time.perf_counter() - t0
                 stats["generate_calls"] += 1
                 if len(gens) != len(live):
@@ -236,7 +284,8 @@ class AgentLoop:
         ids, lps = list(gen.token_ids), [float(x) for x in gen.logprobs]
         if len(lps) != len(ids):
             raise RuntimeError(f"engine returned {len(lps)} logprobs for {len(ids)} tokens")
-        room = cfg.max_response_tokens - len(ep.response_ids)
+        # A per-turn sample's reply is bounded by max_new_tokens alone (its context was fitted before).
+        room = len(ids) if self.per_turn else cfg.max_response_tokens - len(ep.response_ids)
         cut = len(ids) > room
         if cut:
             ids, lps = ids[:room], lps[:room]
@@ -290,6 +339,15 @@ class AgentLoop:
         if turn + 1 >= cfg.max_turns:
             return  # the loop ends it as max_turns; no observation tokens after the last reply
         obs_ids, obs_cut = self._obs_tokens(value.observation)
+        if self.per_turn:
+            if obs_cut:
+                ep.truncated = True
+                traj.info["obs_truncated"] = traj.info.get("obs_truncated", 0) + 1
+            shown = self.tokenizer.decode(obs_ids) if obs_cut else value.observation
+            lv.history.append(PastTurn(reply=tr.response, action=tr.action.content, observation=shown))
+            lv.obs = value.observation
+            self._context(lv)
+            return
         delta = self.chat.obs_ids(obs_ids, lv.generation)
         if obs_cut:
             ep.truncated = True

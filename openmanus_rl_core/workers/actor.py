@@ -86,6 +86,7 @@ class ActorWorker(Worker):
 
             self._template = build("template", self.cfg.template)
             self._env_factory = lambda: build("env", self.cfg.env)
+            self._memory = build("memory", self.cfg.memory)  # #15: what context each reply sees
         return self._template, self._env_factory
 
     # ---------------------------------------------------------------------------------------------- rollout
@@ -100,7 +101,7 @@ class ActorWorker(Worker):
 
         template, env_factory = self._agent_parts()
         rcfg = dataclasses.replace(self.cfg.rollout, **dict(overrides or {}))
-        loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, rcfg)
+        loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, rcfg, memory=self._memory)
         try:
             if keep_rng:
                 with saved_generator(self.engine.generator):

@@ -1,4 +1,4 @@
-"""Contributes this package's Hydra configs (``env=word_copy``, ``env=key_door``, ``env=guess_number``)."""
+"""Contributes this package's Hydra configs (``env=word_copy``, ``env=key_door``, ``env=guess_number``, ``env=relay``)."""
 
 from __future__ import annotations
 

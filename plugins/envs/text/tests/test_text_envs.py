@@ -260,3 +260,37 @@ def test_configs_and_hook():
         assert cfg["name"] == name
         env = registry("env").build(cfg["name"], **cfg["kwargs"])
         assert env.num_tasks > 0 and cfg["max_turns"] >= 1 and cfg["train_tasks"] > 0 and cfg["val_tasks"] > 0
+
+
+# ------------------------------------------------------------------------------------------------ relay
+def test_relay_conforms_and_its_oracle_runs_the_whole_relay():
+    from openmanus_rl_env_text.relay import RelayEnv
+
+    check_env(lambda: RelayEnv(length=5, padding=1, num_tasks=10), task_ids=[0, 1, None], actions=["say apple"])
+    check_oracle(lambda: RelayEnv(length=5, padding=1, num_tasks=10), task_ids=list(range(10)), max_steps=5)
+
+
+def test_relay_needs_every_station_and_pays_a_share_per_station():
+    from openmanus_rl_env_text.relay import RelayEnv
+
+    env = RelayEnv(length=3, padding=2, num_tasks=10)
+    obs = env.reset(task_id=4)
+    assert "Station 1 of 3." in obs and obs.count("The") >= 3  # two scenery sentences, then the sign
+    word = obs.rsplit(": ", 1)[1].rstrip(".")
+    wrong = env.step("say nothingness")
+    assert (wrong.reward, wrong.done, wrong.info["invalid"]) == (0.0, False, False) and "Station 1 of 3" in wrong.observation
+    assert env.step("jump").info["invalid"] is True
+    r = env.step(f"say {word}")
+    assert r.reward == pytest.approx(1 / 3) and "Station 2 of 3" in r.observation and not r.done
+    env.step(env.oracle_action())
+    last = env.step(env.oracle_action())
+    assert last.done and last.info["success"] is True and last.reward == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("kwargs, bad", [({"length": 0, "padding": 1, "num_tasks": 1}, "length=0"),
+                                         ({"length": 2, "padding": -1, "num_tasks": 1}, "padding=-1")])
+def test_relay_bad_kwargs_are_named(kwargs, bad):
+    from openmanus_rl_env_text.relay import RelayEnv
+
+    with pytest.raises(ValueError, match=bad):
+        RelayEnv(**kwargs)

@@ -1,0 +1,1 @@
+"""Built-in memories of openmanus-rl (see :mod:`openmanus_rl_memories.memories`)."""
