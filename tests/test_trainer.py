@@ -122,7 +122,7 @@ def test_eval_and_rollout_take_the_run_settings_from_its_checkpoint(grpo_run, tm
     out = tmp_path / "eval.json"
     assert cli_main(["eval", f"trainer.checkpoint={grpo_run}", f"trainer.eval_output={out}"]) == 0
     printed = capsys.readouterr().out
-    assert "from the run: env=key_door, template=react, reward=goal+format+invalid_action, allocator=last_token, model=" \
+    assert "from the run: env=key_door, template=react, reward=goal+format+invalid_action, allocator=last_token, memory=full, model=" \
         in printed and "from the command line" not in printed
     result, final = json.loads(out.read_text()), _records(grpo_run)[-1]
     assert result["tasks"] == 8

@@ -1,7 +1,7 @@
 """What ``eval`` and ``rollout`` take from the run a checkpoint belongs to.
 
 A checkpoint saves the whole typed config of its run (``meta.config``). Started with ``trainer.checkpoint=...``,
-these commands take the run's env, template, reward, allocator and model sections (with the env its
+these commands take the run's env, template, reward, allocator, memory and model sections (with the env its
 ``rollout.max_turns``), except the sections the command line names (``env=word_copy``, ``model.dtype=bf16``,
 ...), and print which came from where. The policy is the run's model folder with the checkpoint's weights
 (LoRA adapters merged).
@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from openmanus_rl_core.schema import Config
 
 # The sections a run's checkpoint decides, in the order they are reported.
-FROM_RUN = ("env", "template", "reward", "allocator", "model")
+FROM_RUN = ("env", "template", "reward", "allocator", "memory", "model")
 
 
 @dataclass
@@ -61,7 +61,7 @@ def adopt_run_config(c: Config, overrides: Sequence[str],
     c = check(dataclasses.replace(c, **sections), training=False)
     ckpt = RunCheckpoint(path=path, step=meta.get("step"), model_dir=meta.get("model_dir"), weights=state["model"])
     described = {"env": c.env.name, "template": c.template.name, "allocator": c.allocator.name,
-                 "reward": "+".join(c.reward.components) or "none",
+                 "reward": "+".join(c.reward.components) or "none", "memory": c.memory.name,
                  "model": c.model.path or ckpt.model_dir or "the run's model folder"}
     log(f"checkpoint: {path} (step {ckpt.step})")
     log("from the run: " + (", ".join(f"{s}={described[s]}" for s in taken) or "nothing")
