@@ -473,3 +473,41 @@ def restore_rng_state(state: dict) -> None:
                         len(cuda), torch.cuda.device_count())
         else:
             torch.cuda.set_rng_state_all([torch.as_tensor(t, dtype=torch.uint8).cpu() for t in cuda])
+
+
+# -------------------------------------------------------------------------------------------- the trained model
+def load_checkpoint_model(path: str | os.PathLike, model_cfg: Any = None) -> tuple[Any, Any, dict]:
+    """``(model, tokenizer, meta)``: the plain Hugging Face model a checkpoint holds, LoRA adapters merged.
+
+    The model folder is the one the run trained from (``meta["model_dir"]``, else ``<run_dir>/model``); dtype,
+    LoRA and chat template are those the run was trained with (``meta["config"]["model"]``), unless the run saved
+    no config, then ``model_cfg``'s; a ``model_cfg.chat_template`` that is set wins. ``meta`` gains ``checkpoint`` (the folder used).
+    """
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM
+
+    from openmanus_rl_core.models import (_dtype, load_tokenizer, lora_scaling, merge_lora_state,
+                                          transposed_modules)
+    from openmanus_rl_core.schema import LoraConfig
+
+    folder, state = open_checkpoint(path, keys=["model", "meta"])
+    meta = dict(state.get("meta") or {})
+    saved = (meta.get("config") or {}).get("model") or (dataclasses.asdict(model_cfg) if model_cfg else {})
+    model_dir = meta.get("model_dir")
+    if not model_dir or not Path(model_dir).exists():
+        fallback = _run_dir_of(folder) / "model"
+        if not fallback.exists():
+            raise CheckpointError(f"{folder}: its model folder {model_dir!r} is gone and {fallback} does not exist; "
+                                  "pass model.path=<the Hugging Face folder the run started from>")
+        model_dir = str(fallback)
+    tokenizer = load_tokenizer(model_dir, (model_cfg.chat_template if model_cfg else None) or saved.get("chat_template"))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=_dtype(saved.get("dtype")))
+    weights = state["model"]
+    lora = LoraConfig(**saved["lora"]) if saved.get("lora") else LoraConfig()
+    if lora.enabled:
+        weights = merge_lora_state(weights, lora_scaling(lora), transposed_modules(model))
+    model.load_state_dict(weights, strict=True)
+    model.eval()
+    meta["checkpoint"] = str(folder)
+    return model, tokenizer, meta

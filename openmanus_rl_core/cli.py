@@ -4,6 +4,7 @@
     openmanus-rl train   [--cfg job] [key=value ...]      # Hydra overrides, e.g. env=key_door algorithm=ppo
     openmanus-rl rollout [--cfg job] [key=value ...]
     openmanus-rl eval    [--cfg job] [key=value ...]
+    openmanus-rl export  trainer.checkpoint=<step dir or run dir> export.dir=<dir>   # a Hugging Face folder
     openmanus-rl data make [--cfg job] [key=value ...]
     openmanus-rl config-doc                                # docs/configuration.md, from the schema
     openmanus-rl data verify env=<name> data.val_files=<file>   # replay each row's demonstration through the env
@@ -17,6 +18,7 @@ import argparse
 import importlib
 import json
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
 from openmanus_rl_core import registry
@@ -24,15 +26,82 @@ from openmanus_rl_core.config import ConfigError
 from openmanus_rl_core.envs import EnvUnavailableError
 from openmanus_rl_core.registry import KINDS, PluginError
 
-# command -> "module:function(cfg)"; imported only when that command runs.
+# command -> "module:function(cfg)"; imported only when that command runs. A two-word command is a sub-action.
 JOBS = {
     "train": "openmanus_rl_core.commands.train:train",
     "rollout": "openmanus_rl_core.commands.rollout:rollout",
     "eval": "openmanus_rl_core.commands.eval:evaluate",
-    "data": "openmanus_rl_core.commands.data:make",
+    "export": "openmanus_rl_core.commands.export:export",
+    "data make": "openmanus_rl_core.commands.data:make",
+    "data verify": "openmanus_rl_core.commands.data:verify",
 }
-SUBACTIONS = {"data": ["make", "verify"]}
 FROM_RUN_COMMANDS = ("eval", "rollout")
+
+
+@dataclass(frozen=True)
+class Help:
+    """What ``openmanus-rl <command> --help`` says: the purpose, the keys most runs set, two commands that work."""
+
+    purpose: str
+    keys: tuple[str, ...]
+    examples: tuple[str, str]
+
+
+HELP = {
+    "train": Help("Train a policy with RL (PPO/GRPO/...) on an env; writes metrics, TensorBoard, checkpoints and "
+                  "rewards.png into the run directory.",
+                  ("env", "algorithm", "model.path", "model.lora.enabled", "trainer.total_steps", "actor.lr",
+                   "trainer.run_dir", "trainer.loggers"),
+                  ("openmanus-rl train env=key_door trainer.total_steps=20",
+                   "openmanus-rl train env=word_copy algorithm=ppo model.lora.enabled=true trainer.loggers=[tensorboard,wandb]")),
+    "rollout": Help("Play tasks with a model (no training) and write the episodes as JSONL.",
+                    ("env", "model.path", "rollout.num_tasks", "rollout.n", "rollout.output_dir", "rollout.greedy"),
+                    ("openmanus-rl rollout env=key_door rollout.num_tasks=8 rollout.n=2",
+                     "openmanus-rl rollout env=guess_number model.path=exported/ rollout.greedy=true")),
+    "eval": Help("Score a checkpoint (or model.path) on the env's validation tasks: success rate and mean reward.",
+                 ("trainer.checkpoint", "env", "model.path", "trainer.val_max_tasks", "trainer.eval_output"),
+                 ("openmanus-rl eval trainer.checkpoint=outputs/2026-01-01/12-00-00-key_door",
+                  "openmanus-rl eval env=word_copy model.path=exported/ trainer.eval_output=eval.json")),
+    "export": Help("Write a checkpoint as a Hugging Face folder: config, safetensors weights (LoRA merged), tokenizer, "
+                   "chat template, generation config.",
+                   ("trainer.checkpoint", "export.dir", "export.overwrite", "model.chat_template"),
+                   ("openmanus-rl export trainer.checkpoint=outputs/2026-01-01/12-00-00-key_door export.dir=exported/",
+                    "openmanus-rl export trainer.checkpoint=run/checkpoints/step_000060 export.dir=hf/ "
+                    "export.overwrite=true")),
+    "data make": Help("Generate an env's task split as train.parquet and val.parquet in data.dir.",
+                      ("env", "env.train_tasks", "env.val_tasks", "data.dir", "seed"),
+                      ("openmanus-rl data make env=key_door",
+                       "openmanus-rl data make env=word_copy env.train_tasks=1000 data.dir=data/word_copy")),
+    "data verify": Help("Replay each task row's demonstration through the env; exit 1 when any row fails.",
+                        ("env", "data.val_files"),
+                        ("openmanus-rl data verify env=key_door data.val_files=data/key_door/val.parquet",
+                         "openmanus-rl data verify env=word_copy data.val_files=data/word_copy/train.parquet")),
+}
+
+
+def key_help(key: str) -> str:
+    """A config key's one line: the schema field's help, or a section's docstring (``env``: the env group)."""
+    import dataclasses
+
+    from openmanus_rl_core.schema import Config
+
+    node: object = Config
+    for part in key.split("."):
+        field = {f.name: f for f in dataclasses.fields(node)}[part]  # KeyError: HELP names a key the schema lacks
+        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else None
+        if not dataclasses.is_dataclass(default):
+            return field.metadata.get("help", "")
+        node = type(default)
+    return (node.__doc__ or "").strip().splitlines()[0]
+
+
+def describe(command: str) -> tuple[str, str]:
+    """``(description, epilog)`` of ``command``'s ``--help``."""
+    h = HELP[command]
+    width = max(len(k) for k in h.keys)
+    keys = "\n".join(f"  {k.ljust(width)}  {key_help(k)}" for k in h.keys)
+    return (f"{h.purpose}\n\nmain keys (every key: openmanus-rl config-doc; the composed config: --cfg job):\n{keys}",
+            "examples:\n" + "\n".join(f"  {e}" for e in h.examples))
 
 
 def _plugins(args: argparse.Namespace) -> int:
@@ -66,15 +135,15 @@ def _plugins(args: argparse.Namespace) -> int:
 
 def _job(command: str, args: argparse.Namespace) -> int:
     from openmanus_rl_core.config import check, compose, to_yaml
+    from openmanus_rl_core.models import check_model
 
     cfg = compose(list(args.overrides))
     if args.cfg:
         print(to_yaml(cfg), end="")
         return 0
     typed = check(cfg, training=command == "train")  # before the job imports torch or starts anything
+    check_model(typed.model)  # a model or tokenizer that cannot work stops here, before Ray
     module, func = JOBS[command].split(":")
-    if getattr(args, "action", None) not in (None, "make"):
-        func = args.action  # `data verify` runs openmanus_rl_core.commands.data:verify
     job = getattr(importlib.import_module(module), func)
     # eval and rollout take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
     kwargs = {"overrides": list(args.overrides)} if command in FROM_RUN_COMMANDS else {}
@@ -98,19 +167,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_plugins)
     sub.add_parser("config-doc", help="print every config key with type, default and meaning (Markdown)"
                    ).set_defaults(run=_config_doc)
+    groups: dict[str, argparse._SubParsersAction] = {}
     for command in JOBS:
-        j = sub.add_parser(command, help=f"{command} (Hydra overrides: key=value)")
+        group, _, action = command.rpartition(" ")
+        if group and group not in groups:
+            g = sub.add_parser(group, help=f"{group} {' | '.join(c.split()[1] for c in JOBS if c.startswith(group + ' '))}")
+            groups[group] = g.add_subparsers(dest="action", required=True)
+        description, epilog = describe(command)
+        j = (groups[group] if group else sub).add_parser(
+            action, help=HELP[command].purpose, description=description, epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter, prog=f"openmanus-rl {command}")
         j.set_defaults(run=lambda a, c=command: _job(c, a))
-        if command in SUBACTIONS:
-            j.add_argument("action", choices=SUBACTIONS[command])
         j.add_argument("--cfg", choices=["job"], help="print the composed config and exit")
-        j.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. env=key_door trainer.total_steps=10")
+        j.add_argument("overrides", nargs="*", help="Hydra overrides key=value (see main keys and examples)")
     return parser
 
 
 # Errors whose message says all there is (what was wrong, where, what to do): printed without a traceback.
 # module -> class; looked up only in modules the command already imported (the listing imports no torch).
-REPORTED_ERRORS = {"openmanus_rl_core.checkpoint": "CheckpointError", "openmanus_rl_core.data": "DataError"}
+REPORTED_ERRORS = {"openmanus_rl_core.checkpoint": "CheckpointError", "openmanus_rl_core.data": "DataError",
+                   "openmanus_rl_core.models": "ModelError", "openmanus_rl_core.rewards": "RewardFileError"}
 
 
 def _reported(exc: Exception) -> bool:

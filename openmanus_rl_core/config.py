@@ -120,9 +120,30 @@ def _check_components(c: Config) -> None:
     names = [("env", c.env.name), ("template", c.template.name), ("allocator", c.allocator.name),
              ("advantage", c.algorithm.adv_estimator), ("loss", c.algorithm.policy_loss), ("engine", c.rollout.engine),
              ("memory", c.memory.name)]
-    names += [("reward", (spec or {}).get("name") or label) for label, spec in c.reward.components.items()]
+    for label, spec in c.reward.components.items():
+        if (spec or {}).get("path"):  # a scorer in a Python file: checked without running it
+            from openmanus_rl_core.rewards import check_reward_file
+
+            check_reward_file(str(label), spec)
+        else:
+            names.append(("reward", (spec or {}).get("name") or label))
     for kind, name in names:
         registry(kind).resolve(name)
+    _check_loggers(c.trainer.loggers)
+
+
+def _check_loggers(loggers: Sequence[str]) -> None:
+    """Every ``trainer.loggers`` name is an installed hook plugin (a tracker registers its hooks under it)."""
+    from openmanus_rl_core.plugins import hook_entries
+
+    known = sorted({e.name for e in hook_entries()})
+    for name in loggers:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(f"trainer.loggers: {name!r} is not installed; {hint}a tracker is a plugin "
+                              f"distribution (make install installs plugins/trackers/*); installed hook plugins: "
+                              f"{', '.join(known)}")
 
 
 def _check_known_keys(node: Any, schema: type, prefix: str) -> None:

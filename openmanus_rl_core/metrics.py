@@ -29,6 +29,10 @@ __all__ = [
     "flatten_metrics",
     "make_run_dir",
     "LearningSignalWatch",
+    "logger_selected",
+    "config_params",
+    "config_tree",
+    "finite_numbers",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -377,6 +381,45 @@ def dated_dir(base: str | os.PathLike, name: str, now: _dt.datetime | None = Non
         except FileExistsError:
             i += 1
             path = stem.with_name(f"{stem.name}-{i}")
+
+
+def logger_selected(cfg: Any, name: str) -> bool:
+    """Whether ``trainer.loggers`` names the tracker ``name`` (``cfg``: the composed config a hook receives)."""
+    return name in list(cfg.trainer.loggers or [])
+
+
+def finite_numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of ``metrics`` as floats, for a tracker (a NaN or inf is left out, as ``metrics.jsonl``
+    writes it as null)."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+def config_tree(cfg: Any) -> dict:
+    """The config a hook receives (a composed DictConfig, or the typed :class:`~openmanus_rl_core.schema.Config`)
+    as plain nested dicts, interpolations resolved."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+
+
+def config_params(cfg: Any) -> dict[str, str | int | float | bool]:
+    """The config as flat ``{"actor.lr": 0.0005, ...}`` leaves for a tracker's hyper-parameter table: numbers,
+    bools and strings kept, ``None`` and lists as JSON text."""
+    out: dict[str, str | int | float | bool] = {}
+
+    def walk(node: Mapping, prefix: str) -> None:
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, Mapping) and v:
+                walk(v, key + ".")
+            else:
+                out[key] = v if isinstance(v, (bool, int, float, str)) else json.dumps(v, default=str)
+    walk(config_tree(cfg), "")
+    return out
 
 
 def make_run_dir(cfg: Any, now: _dt.datetime | None = None, announce: bool = True) -> Path:

@@ -15,7 +15,7 @@ is on the left (the side generation needs; passed to the constructor so that ``s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,10 @@ __all__ = [
     "load_model_and_tokenizer",
     "load_tokenizer",
     "apply_lora",
+    "merge_lora_state",
+    "transposed_modules",
+    "check_model",
+    "ModelError",
 ]
 
 ENDOFTEXT = "<|endoftext|>"
@@ -178,15 +182,102 @@ def _dtype(dtype: Any):
     return value
 
 
-def load_tokenizer(model_dir: str):
-    """The tokenizer of a local Hugging Face folder, padding on the left, pad = eos when it has no pad token."""
+class ModelError(ValueError):
+    """A model or tokenizer that cannot be used: one message naming the folder, what is wrong and the key that fixes
+    it (``openmanus-rl`` prints it and exits with status 2)."""
+
+
+def chat_template_text(chat_template: str | None) -> str | None:
+    """``model.chat_template`` as Jinja text: the contents of the file it names, or the string itself."""
+    if not chat_template:
+        return None
+    if "{" not in chat_template:  # a Jinja template has tags; anything else is read as a file path
+        path = Path(chat_template).expanduser()
+        if not path.is_file():
+            raise ModelError(f"model.chat_template={chat_template!r} is neither a Jinja template (no '{{' in it) nor "
+                             "a file; give the template text or the path of a .jinja file")
+        return path.read_text(encoding="utf-8")
+    return chat_template
+
+
+def load_tokenizer(model_dir: str, chat_template: str | None = None):
+    """The tokenizer of a local Hugging Face folder, padding on the left, pad = eos when it has no pad token.
+
+    ``chat_template`` (``model.chat_template``: Jinja text or a file holding it) replaces the folder's template;
+    the one place a tokenizer gets a template it does not ship with.
+    """
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, padding_side="left")
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    template = chat_template_text(chat_template)
+    if template is not None:
+        tokenizer.chat_template = template
     return tokenizer
+
+
+def check_model(model_cfg: ModelConfig) -> None:
+    """Check ``model.path`` before anything starts (no Ray, no weights loaded); raise :class:`ModelError` naming
+    the first problem: a missing folder or config.json, a tokenizer that does not load, no chat template (neither
+    the tokenizer's nor ``model.chat_template``), no EOS token, a vocabulary larger than the model's embedding,
+    LoRA target modules the model does not have. The embedded tiny model (``path`` null) always passes."""
+    if not model_cfg.path:
+        chat_template_text(model_cfg.chat_template)
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    where = f"model.path={model_cfg.path}"
+    folder = Path(model_cfg.path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"{where}: {'no config.json in that folder' if folder.is_dir() else 'no such folder'}; give "
+                         "a local Hugging Face model folder (config.json, weights, tokenizer files), or model.path=null "
+                         "for the embedded tiny model")
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:
+        raise ModelError(f"{where}: config.json does not load: {_first_line(exc)}") from None
+    try:
+        tokenizer = load_tokenizer(str(folder), model_cfg.chat_template)
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"{where}: the tokenizer does not load: {_first_line(exc)}; the folder needs "
+                         "tokenizer.json or the slow tokenizer's files") from None
+    if not tokenizer.chat_template:
+        raise ModelError(f"{where}: the tokenizer has no chat template; set model.chat_template to the template text "
+                         "or to a .jinja file (e.g. the ChatML one in docs/models.md)")
+    if tokenizer.eos_token_id is None:
+        raise ModelError(f"{where}: the tokenizer has no EOS token, so a reply could never end; add eos_token to "
+                         "tokenizer_config.json")
+    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ModelError(f"{where}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only "
+                         f"{vocab}; the tokenizer belongs to another model")
+    if model_cfg.lora.enabled:
+        with torch.device("meta"):  # module names only: no memory, no weights read
+            skeleton = AutoModelForCausalLM.from_config(config)
+        leaves = {name.rsplit(".", 1)[-1] for name, _ in skeleton.named_modules()}
+        missing = [t for t in model_cfg.lora.target_modules if t not in leaves]
+        if missing:
+            linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules()
+                             if isinstance(m, _adaptable_layers()) and "." in n})
+            raise ModelError(f"model.lora.target_modules: {missing} not in this {config.model_type} model; its "
+                             f"linear layers are {linear}")
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _adaptable_layers() -> tuple[type, ...]:
+    """The layer classes LoRA can wrap here: ``nn.Linear`` and transformers' ``Conv1D`` (GPT-2's transposed one)."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    return (torch.nn.Linear, Conv1D)
 
 
 def load_model_and_tokenizer(
@@ -216,7 +307,7 @@ def load_model_and_tokenizer(
                 f"model.path={model_cfg.path!r} does not exist; give a local folder holding a Hugging Face model "
                 "(config.json, weights, tokenizer files), or set model.path=null for the embedded tiny model"
             )
-        tokenizer = load_tokenizer(str(p))
+        tokenizer = load_tokenizer(str(p), model_cfg.chat_template)
         model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=dtype)
         model.eval()
     else:
@@ -239,9 +330,11 @@ def apply_lora(model, lora_cfg: LoraConfig):
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
+    # GPT-2's Conv1D layers store (in, out): PEFT must know, or it warns and guesses per layer.
+    conv = {name.rsplit(".", 1)[-1] for name in transposed_modules(model)}
     config = PeftLoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
                             use_rslora=lora_cfg.use_rslora, target_modules=list(lora_cfg.target_modules),
-                            task_type="CAUSAL_LM")
+                            fan_in_fan_out=bool(conv & set(lora_cfg.target_modules)), task_type="CAUSAL_LM")
     return get_peft_model(model, config)
 
 
@@ -252,15 +345,35 @@ def lora_scaling(lora_cfg: LoraConfig) -> float:
     return lora_cfg.alpha / (lora_cfg.r ** 0.5) if lora_cfg.use_rslora else lora_cfg.alpha / lora_cfg.r
 
 
-def merge_lora_state(state_dict: Mapping[str, Any], scaling: float) -> dict[str, Any]:
+def transposed_modules(model) -> frozenset[str]:
+    """Names of ``model``'s layers that store their weight as ``(in_features, out_features)``: transformers'
+    ``Conv1D`` (GPT-2 and its family), where ``nn.Linear`` stores ``(out, in)``. Plain Hugging Face names
+    (``transformer.h.0.attn.c_attn``), also for a PEFT-wrapped model; what :func:`merge_lora_state` needs."""
+    from transformers.pytorch_utils import Conv1D
+
+    return frozenset(_plain_name(name) for name, module in model.named_modules() if isinstance(module, Conv1D))
+
+
+def _plain_name(key: str) -> str:
+    """A PEFT state-dict key or module name as the plain model names it."""
+    name = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
+    return name.replace(".base_layer", "")
+
+
+def merge_lora_state(state_dict: Mapping[str, Any], scaling: float,
+                     transposed: Collection[str] = frozenset()) -> dict[str, Any]:
     """A PEFT LoRA model's full state dict -> the plain model's, with each adapter merged into its base weight.
 
     ``base_model.model.<m>.base_layer.weight`` + ``scaling * lora_B @ lora_A`` becomes ``<m>.weight`` (the product
     is taken in float32, the result keeps the base weight's dtype); other keys lose the ``base_model.model.`` prefix
     and the adapter tensors are dropped. Rollout engines (HF, vLLM) then load plain Hugging Face names and run
     without adapter branches. A state dict without LoRA keys comes back with its keys unchanged.
+
+    ``transposed``: the modules whose weight is stored ``(in, out)`` (:func:`transposed_modules` of the model;
+    GPT-2's ``Conv1D``); they get ``(B @ A).T``. ``B @ A`` is ``(out, in)`` for every module.
     """
     sd = dict(state_dict)
+    transposed = frozenset(transposed)
     adapters: dict[str, dict[str, Any]] = {}  # module prefix -> {"A": tensor, "B": tensor}
     for key, value in sd.items():
         for part, tag in ((".lora_A.", "A"), (".lora_B.", "B")):
@@ -272,18 +385,21 @@ def merge_lora_state(state_dict: Mapping[str, Any], scaling: float) -> dict[str,
     for key, value in sd.items():
         if ".lora_A." in key or ".lora_B." in key:
             continue
-        name = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
+        name = _plain_name(key)
         if ".base_layer." in key:
             prefix, leaf = key.split(".base_layer.", 1)
-            name = name.replace(".base_layer.", ".", 1)
             ab = adapters.get(prefix)
             if leaf == "weight" and ab:
                 if set(ab) != {"A", "B"}:
                     raise ValueError(f"LoRA module {prefix!r} has lora_{''.join(ab)} but not both lora_A and lora_B")
                 delta = ab["B"].float() @ ab["A"].float()
+                if _plain_name(prefix) in transposed:
+                    delta = delta.T
                 if delta.shape != value.shape:
+                    hint = (" (the layer stores its weight transposed, as GPT-2's Conv1D does: pass "
+                            "transposed=transposed_modules(model))" if delta.T.shape == value.shape else "")
                     raise ValueError(f"LoRA module {prefix!r}: B @ A has shape {tuple(delta.shape)}, "
-                                     f"the base weight {tuple(value.shape)}")
+                                     f"the base weight {tuple(value.shape)}{hint}")
                 value = (value.float() + float(scaling) * delta.to(value.device)).to(value.dtype)
         out[name] = value
     return out

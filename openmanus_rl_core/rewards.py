@@ -15,6 +15,14 @@ is registered there may be
 - a plain function ``compute_score(solution_str, ground_truth, **kwargs) -> float | dict`` (the veRL /
   TRL scorer shape): wrapped in :class:`FunctionReward`.
 
+A component may instead name a Python file and a function in it, no package needed (verl's
+``custom_reward_function.path`` / ``.name``)::
+
+      score: {path: /x/score.py, function: compute_score, weight: 1.0}   # function defaults to compute_score
+
+The function is called as verl calls it, by keyword: ``compute_score(data_source=..., solution_str=...,
+ground_truth=..., extra_info=...)`` (the task row's fields it names; see :class:`FunctionReward`).
+
 For one trajectory with ``T`` turns the composer computes, per label ``l`` with weight ``w_l``::
 
     value_l  = component_l.compute(trajectory)            # float, or {"score": float, **extras}
@@ -40,23 +48,30 @@ so once and falls back to ``compute`` per trajectory.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import hashlib
+import importlib.util
 import inspect
 import logging
 import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from openmanus_rl_core.protocols import Trajectory
 from openmanus_rl_core.registry import registry
 
-__all__ = ["RewardBreakdown", "RewardComposer", "FunctionReward", "ComponentSpec", "build_component"]
+__all__ = ["RewardBreakdown", "RewardComposer", "FunctionReward", "ComponentSpec", "build_component",
+           "RewardFileError", "check_reward_file", "load_reward_file"]
 
 log = logging.getLogger(__name__)
 
-_SPEC_KEYS = ("name", "weight", "kwargs")
+_SPEC_KEYS = ("name", "weight", "kwargs", "path", "function")
+DEFAULT_FUNCTION = "compute_score"
+"""The function a ``path:`` reward component names when it gives no ``function`` (verl's name)."""
 # Compute_turns may differ from compute by float rounding; beyond this (relative) the component is
 # inconsistent and we say so once. Either way the residual lands on the last turn so the sums agree.
 _TURN_SUM_RTOL = 1e-6
@@ -217,6 +232,54 @@ def build_component(obj: Any, kwargs: Mapping[str, Any] | None = None, *, label:
     )
 
 
+class RewardFileError(ValueError):
+    """A ``path:`` reward component that cannot be used; the message names the label, the file and the function."""
+
+
+def _file_and_function(label: str, spec: Mapping[str, Any]) -> tuple[Path, str]:
+    if spec.get("name"):
+        raise RewardFileError(f"reward {label!r}: give either name (an installed reward plugin) or path (a Python "
+                              f"file), not both (name={spec['name']!r}, path={spec['path']!r})")
+    path = Path(str(spec["path"])).expanduser()
+    function = str(spec.get("function") or DEFAULT_FUNCTION)
+    if not path.is_file():
+        raise RewardFileError(f"reward {label!r}: path={spec['path']} is not a file; give the Python file that "
+                              f"defines {function}(data_source, solution_str, ground_truth, extra_info)")
+    return path, function
+
+
+def check_reward_file(label: str, spec: Mapping[str, Any]) -> None:
+    """Before anything runs: the file exists, parses, and defines ``function`` at its top level (read, not run)."""
+    path, function = _file_and_function(label, spec)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except SyntaxError as exc:
+        raise RewardFileError(f"reward {label!r}: {path} line {exc.lineno}: {exc.msg}") from None
+    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assigned = [t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)]
+    if function not in defined + assigned:
+        raise RewardFileError(f"reward {label!r}: {path} defines no function {function!r} (its functions: "
+                              f"{', '.join(defined) or 'none'}); set function=<name>")
+
+
+def load_reward_file(label: str, spec: Mapping[str, Any]) -> Callable[..., Any]:
+    """The scorer ``spec["function"]`` of the Python file ``spec["path"]``, imported as a module of its own (no
+    package, no ``sys.path`` change)."""
+    path, function = _file_and_function(label, spec)
+    module_name = f"openmanus_rl_reward_file_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise RewardFileError(f"reward {label!r}: importing {path} failed: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise RewardFileError(f"reward {label!r}: {path} has no function {function!r}"
+                              + ("" if fn is None else f" ({function} is a {type(fn).__name__})"))
+    return fn
+
+
 def _check_weight(label: str, weight: Any) -> float:
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
         raise ValueError(
@@ -299,13 +362,21 @@ class RewardComposer:
                     f"reward {label!r}: unknown key(s) {unknown}; allowed keys are {list(_SPEC_KEYS)} "
                     "(component options go under kwargs)"
                 )
-            name = spec.get("name") or str(label)
             weight = _check_weight(str(label), spec.get("weight", 1.0))
             kwargs = _plain(spec.get("kwargs")) or {}
             if not isinstance(kwargs, Mapping):
                 raise ValueError(f"reward {label!r}: kwargs must be a mapping, got {kwargs!r}")
-            obj = registry("reward").get(name)  # UnknownPluginError with close matches if not installed
-            component = build_component(obj, kwargs, label=str(label), name=name)
+            if spec.get("path"):
+                fn = load_reward_file(str(label), spec)
+                name = f"{spec['path']}:{fn.__name__}"
+                try:
+                    component = FunctionReward(fn, **kwargs)
+                except TypeError as exc:
+                    raise RewardFileError(f"reward {label!r}: {spec['path']}: {exc}") from None
+            else:
+                name = spec.get("name") or str(label)
+                obj = registry("reward").get(name)  # UnknownPluginError with close matches if not installed
+                component = build_component(obj, kwargs, label=str(label), name=name)
             specs.append(ComponentSpec(str(label), name, weight, component, dict(kwargs)))
         return cls(specs)
 

@@ -144,6 +144,8 @@ class ModelConfig:
                                     "warm-up, chosen when model.path is null) or `pretrained` (safe for a pretrained "
                                     "model: lr 1e-6, no warm-up; chosen when model.path is set)",
                       choices=("tiny", "pretrained"))
+    chat_template: Optional[str] = opt(None, "Jinja chat template, or a file holding one, for a tokenizer without "
+                                             "one (null: the tokenizer's own)")
     dtype: str = opt("float32", "parameter dtype", choices=("float32", "fp32", "bfloat16", "bf16", "float16", "fp16"))
     save_dir: Optional[str] = opt(None, "where the built tiny model is saved (null: <run_dir>/model)")
     gradient_checkpointing: bool = opt(False, "recompute each layer's activations in backward")
@@ -294,6 +296,8 @@ class TrainerConfig:
     save_at_end: bool = opt(True, "checkpoint after the last step")
     max_checkpoints: Optional[int] = opt(3, "keep the newest N checkpoints (null: all)", ge=1)
     tensorboard: bool = opt(True, "write TensorBoard events next to metrics.jsonl")
+    loggers: List[str] = opt(["tensorboard"], "trackers fed by the run's hooks: tensorboard (also the config and "
+                                              "hparams), and installed tracker plugins such as wandb, mlflow")
     progress: bool = opt(True, "show a progress bar")
     checkpoint: Optional[str] = opt(None, "`openmanus-rl eval`: the checkpoint folder or run directory")
     eval_output: Optional[str] = opt(None, "`openmanus-rl eval`: also write the result as JSON here")
@@ -301,6 +305,15 @@ class TrainerConfig:
     max_env_error_steps: int = opt(3, "abort (exit 1, naming the first error) when every episode of N steps in a "
                                       "row ended as env_error (0: never)", ge=0)
     max_worker_restarts: int = opt(2, "worker-group failures recovered from the newest checkpoint per run", ge=0)
+
+
+@dataclass
+class ExportConfig:
+    """`openmanus-rl export`: a checkpoint as a Hugging Face folder (LoRA merged)."""
+
+    dir: Optional[str] = opt(None, "the folder to write (config, safetensors, tokenizer, chat template, generation "
+                                   "config); required")
+    overwrite: bool = opt(False, "replace a non-empty export.dir")
 
 
 @dataclass
@@ -321,6 +334,7 @@ class Config:
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
 
 # Estimators that standardise or baseline within a group of samples of one task.

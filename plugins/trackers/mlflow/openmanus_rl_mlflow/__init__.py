@@ -1,0 +1,1 @@
+"""MLflow tracker for openmanus-rl (see :mod:`openmanus_rl_mlflow.hooks`)."""
