@@ -34,7 +34,12 @@ class MlflowTracker:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (Path(run_dir) / STORE_DIR).resolve().as_uri()
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            uri = (Path(run_dir) / STORE_DIR).resolve().as_uri()
+            # MLflow 3 keeps the file store working but asks for this opt-in; a database would need a server
+            # or SQLAlchemy, which a run folder should not.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)
         found = self.client.get_experiment_by_name(name)

@@ -1,0 +1,44 @@
+"""The mlflow tracker on a local file store: the hooks of a run log params (the config), each step's metrics and
+the final metrics, read back with MLflow's own client; not selected, it writes nothing."""
+
+from __future__ import annotations
+
+import json
+
+from openmanus_rl_core.config import compose
+from openmanus_rl_core.plugins import make_plugin_manager
+
+
+def _run(run_dir, loggers: str) -> None:
+    cfg = compose([f"trainer.loggers={loggers}", "actor.lr=0.003", "env=word_copy"])
+    pm = make_plugin_manager()
+    pm.hook.openmanus_rl_run_start(cfg=cfg, run_dir=str(run_dir))
+    pm.hook.openmanus_rl_step_end(step=1, metrics={"train/reward_mean": 0.25, "train/kl": float("nan")})
+    pm.hook.openmanus_rl_step_end(step=2, metrics={"train/reward_mean": 0.5, "train/kl": 0.01})
+    pm.hook.openmanus_rl_run_end(run_dir=str(run_dir), metrics={"train/reward_mean": 0.5, "val/success_rate": 0.75})
+
+
+def test_a_file_store_run_holds_the_params_the_steps_and_the_final_metrics(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_dir = tmp_path / "run-a"
+    _run(run_dir, "[tensorboard,mlflow]")
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("openmanus-rl")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "run-a" and run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["actor.lr"] == "0.003" and params["env.name"] == "word_copy"
+    assert json.loads(params["trainer.loggers"]) == ["tensorboard", "mlflow"]
+    history = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/reward_mean")]
+    assert sorted(history) == [(1, 0.25), (2, 0.5)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/kl")] == [(2, 0.01)]
+    assert run.data.metrics["final/val/success_rate"] == 0.75
+    artifact = client.download_artifacts(run.info.run_id, "config.json", str(tmp_path))
+    assert json.loads(open(artifact).read())["actor"]["lr"] == 0.003
+
+
+def test_not_selected_it_writes_nothing(tmp_path):
+    _run(tmp_path / "run-b", "[tensorboard]")
+    assert not (tmp_path / "run-b" / "mlruns").exists()
