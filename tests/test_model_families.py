@@ -1,0 +1,71 @@
+"""A Llama-style and a GPT-2-style model, built locally, each trained for 2 steps with and without LoRA through
+`openmanus-rl train`, exported with `openmanus-rl export`, and reloaded: the folder gives the checkpoint's
+log-probs, and `model.path=<folder>` is accepted by the model check and evaluates."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_hf import save_tiny  # noqa: E402
+
+RUN = ["env=key_door", "algorithm=grpo", "data.train_batch_size=4", "algorithm.n=4", "env.train_tasks=16",
+       "env.val_tasks=4", "rollout.max_new_tokens=8", "warmup.steps=2", "warmup.batch_size=4",
+       "warmup.validate=false", "trainer.val_before_train=false", "trainer.val_at_end=false", "trainer.val_freq=0",
+       "trainer.progress=false", "trainer.num_cpus=2", "trainer.total_steps=2", "actor.lr=0.01"]
+LORA = {"llama": ["model.lora.enabled=true", "model.lora.r=4", "model.lora.target_modules=[q_proj,v_proj]"],
+        "gpt2": ["model.lora.enabled=true", "model.lora.r=4", "model.lora.target_modules=[c_attn,c_proj,c_fc]"]}
+
+
+def _log_probs(model, tokenizer) -> torch.Tensor:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "You are in a room."}], tokenize=False,
+                                         add_generation_prompt=True) + "<action>take key</action>"
+    ids = torch.tensor([tokenizer.encode(text)])
+    with torch.no_grad():
+        return torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,lora", [
+    ("llama", False), ("llama", True), ("gpt2", False),
+    pytest.param("gpt2", True, marks=pytest.mark.xfail(
+        strict=True, reason="the actor's weight push must pass transposed_modules(model) to merge_lora_state "
+                            "(workers.py, wired after the package split)")),
+])
+def test_train_two_steps_export_and_reload(tmp_path, cli_env, family, lora):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from openmanus_rl_core.checkpoint import load_checkpoint_model
+    from openmanus_rl_core.models import check_model
+    from openmanus_rl_core.schema import ModelConfig
+
+    folder = save_tiny(family, tmp_path / family)
+    run_dir, out = tmp_path / "run", tmp_path / "exported"
+    train = subprocess.run(["openmanus-rl", "train", *RUN, *(LORA[family] if lora else []), f"model.path={folder}",
+                            f"trainer.run_dir={run_dir}"], env=cli_env, capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stderr[-3000:]
+    ckpt = run_dir / "checkpoints" / "step_000002"
+    export = subprocess.run(["openmanus-rl", "export", f"trainer.checkpoint={ckpt}", f"export.dir={out}"],
+                            env=cli_env, capture_output=True, text=True, timeout=300)
+    assert export.returncode == 0, export.stderr[-3000:]
+
+    trained, tokenizer, meta = load_checkpoint_model(ckpt)
+    assert meta["step"] == 2
+    reloaded = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
+    got = _log_probs(reloaded, AutoTokenizer.from_pretrained(str(out), local_files_only=True))
+    torch.testing.assert_close(got, _log_probs(trained, tokenizer), rtol=0, atol=1e-5)
+    base = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()
+    assert (got - _log_probs(base, tokenizer)).abs().max() > 1e-4  # two steps moved the weights
+    check_model(ModelConfig(path=str(out)))
+    result = tmp_path / "eval.json"
+    ev = subprocess.run(["openmanus-rl", "eval", "env=key_door", "env.val_tasks=4", "rollout.max_new_tokens=8",
+                         f"model.path={out}", f"trainer.eval_output={result}", f"trainer.run_dir={tmp_path / 'ev'}"],
+                        env=cli_env, capture_output=True, text=True, timeout=300)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert json.loads(result.read_text())["tasks"] == 4
