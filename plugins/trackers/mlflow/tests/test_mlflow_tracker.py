@@ -4,6 +4,12 @@ the final metrics, read back with MLflow's own client; not selected, it writes n
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from openmanus_rl_core.config import compose
 from openmanus_rl_core.plugins import make_plugin_manager
@@ -42,3 +48,31 @@ def test_a_file_store_run_holds_the_params_the_steps_and_the_final_metrics(tmp_p
 def test_not_selected_it_writes_nothing(tmp_path):
     _run(tmp_path / "run-b", "[tensorboard]")
     assert not (tmp_path / "run-b" / "mlruns").exists()
+
+
+RUN = ["env=key_door", "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+       "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
+       "data.train_batch_size=4", "algorithm.n=4", "env.train_tasks=16", "env.val_tasks=4", "rollout.max_new_tokens=8",
+       "warmup.steps=2", "warmup.batch_size=4", "warmup.validate=false", "trainer.val_before_train=false",
+       "trainer.val_freq=0", "trainer.progress=false", "trainer.num_cpus=2", "trainer.total_steps=2"]
+
+
+@pytest.mark.slow
+def test_a_training_run_logs_every_step_to_mlflow_as_in_metrics_jsonl(tmp_path, monkeypatch):
+    """`openmanus-rl train trainer.loggers=[tensorboard,mlflow]`: the trainer's own hooks feed the tracker."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # this process reads the store the run wrote
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(["openmanus-rl", "train", *RUN, "trainer.loggers=[tensorboard,mlflow]",
+                           f"trainer.run_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logged = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("openmanus-rl").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["trainer.total_steps"] == "2"
+    history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/reward_mean")}
+    assert history == pytest.approx({s: logged[s]["train/reward_mean"] for s in (1, 2)})

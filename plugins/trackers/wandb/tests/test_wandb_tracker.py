@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from openmanus_rl_core.config import compose
 from openmanus_rl_core.plugins import make_plugin_manager
@@ -80,3 +85,32 @@ def test_an_offline_run_holds_the_config_the_steps_and_the_summary(tmp_path, mon
 def test_not_selected_it_writes_nothing(tmp_path):
     _run(tmp_path / "run-b", "[tensorboard]")
     assert not (tmp_path / "run-b" / "wandb").exists()
+
+
+RUN = ["env=key_door", "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+       "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
+       "data.train_batch_size=4", "algorithm.n=4", "env.train_tasks=16", "env.val_tasks=4", "rollout.max_new_tokens=8",
+       "warmup.steps=2", "warmup.batch_size=4", "warmup.validate=false", "trainer.val_before_train=false",
+       "trainer.val_freq=0", "trainer.progress=false", "trainer.num_cpus=2", "trainer.total_steps=2"]
+
+
+@pytest.mark.slow
+def test_a_training_run_logs_every_step_to_wandb_as_in_metrics_jsonl(tmp_path):
+    """`openmanus-rl train trainer.loggers=[tensorboard,wandb]`: the trainer's own hooks feed the tracker."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "WANDB_SILENT": "true"}
+    env.pop("WANDB_MODE", None)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(["openmanus-rl", "train", *RUN, "trainer.loggers=[tensorboard,wandb]",
+                           f"trainer.run_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logged = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    records = read_records(path)
+    history = {h["_step"]: h for h in (_items(r.history.item) for r in records
+                                       if r.WhichOneof("record_type") == "history")}
+    assert sorted(history) == [1, 2]
+    for step in (1, 2):
+        assert history[step]["train/reward_mean"] == pytest.approx(logged[step]["train/reward_mean"])
+    run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert _items(run.config.update)["trainer"]["total_steps"] == 2
