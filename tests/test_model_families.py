@@ -15,10 +15,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_hf import save_tiny  # noqa: E402
 
-RUN = ["env=key_door", "algorithm=grpo", "data.train_batch_size=4", "algorithm.n=4", "env.train_tasks=16",
-       "env.val_tasks=4", "rollout.max_new_tokens=8", "warmup.steps=2", "warmup.batch_size=4",
-       "warmup.validate=false", "trainer.val_before_train=false", "trainer.val_at_end=false", "trainer.val_freq=0",
-       "trainer.progress=false", "trainer.num_cpus=2", "trainer.total_steps=2", "actor.lr=0.01"]
+from openmanus_rl_core.testing import SMALL_RUN  # noqa: E402
+
+RUN = [*SMALL_RUN, "trainer.val_at_end=false", "actor.lr=0.01"]  # model.path replaces the tiny model
 LORA = {"llama": ["model.lora.enabled=true", "model.lora.r=4", "model.lora.target_modules=[q_proj,v_proj]"],
         "gpt2": ["model.lora.enabled=true", "model.lora.r=4", "model.lora.target_modules=[c_attn,c_proj,c_fc]"]}
 

@@ -41,7 +41,18 @@ __all__ = [
     "check_allocator",
     "check_memory",
     "sample_trajectories",
+    "SMALL_RUN",
 ]
+
+SMALL_RUN = [
+    "env=key_door", "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+    "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
+    "data.train_batch_size=4", "algorithm.n=4", "env.train_tasks=16", "env.val_tasks=4", "rollout.max_new_tokens=8",
+    "warmup.steps=2", "warmup.batch_size=4", "warmup.validate=false", "trainer.val_before_train=false",
+    "trainer.val_freq=0", "trainer.progress=false", "trainer.num_cpus=2", "trainer.total_steps=2",
+]
+"""Overrides of the smallest training run that exercises every phase (a one-layer 32-wide tiny model, 4 tasks x 4
+samples, a 2-step warm-up, 2 RL steps, one validation at the end): for a plugin's end-to-end test."""
 
 
 class ConformanceError(AssertionError):

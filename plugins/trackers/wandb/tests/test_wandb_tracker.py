@@ -14,6 +14,7 @@ import pytest
 
 from openmanus_rl_core.config import compose
 from openmanus_rl_core.plugins import make_plugin_manager
+from openmanus_rl_core.testing import SMALL_RUN
 
 HEADER = 7  # ":W&B", a 2-byte magic, a 1-byte version
 BLOCK = 32 * 1024  # the LevelDB log layout W&B writes: records in 32 KiB blocks, each chunk with a 7-byte header
@@ -87,12 +88,6 @@ def test_not_selected_it_writes_nothing(tmp_path):
     assert not (tmp_path / "run-b" / "wandb").exists()
 
 
-RUN = ["env=key_door", "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-       "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
-       "data.train_batch_size=4", "algorithm.n=4", "env.train_tasks=16", "env.val_tasks=4", "rollout.max_new_tokens=8",
-       "warmup.steps=2", "warmup.batch_size=4", "warmup.validate=false", "trainer.val_before_train=false",
-       "trainer.val_freq=0", "trainer.progress=false", "trainer.num_cpus=2", "trainer.total_steps=2"]
-
 
 @pytest.mark.slow
 def test_a_training_run_logs_every_step_to_wandb_as_in_metrics_jsonl(tmp_path):
@@ -101,7 +96,7 @@ def test_a_training_run_logs_every_step_to_wandb_as_in_metrics_jsonl(tmp_path):
            "WANDB_SILENT": "true"}
     env.pop("WANDB_MODE", None)
     run_dir = tmp_path / "run"
-    proc = subprocess.run(["openmanus-rl", "train", *RUN, "trainer.loggers=[tensorboard,wandb]",
+    proc = subprocess.run(["openmanus-rl", "train", *SMALL_RUN, "trainer.loggers=[tensorboard,wandb]",
                            f"trainer.run_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
