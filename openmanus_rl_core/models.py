@@ -248,7 +248,7 @@ def check_model(model_cfg: ModelConfig) -> None:
                          "tokenizer.json or the slow tokenizer's files") from None
     if not tokenizer.chat_template:
         raise ModelError(f"{where}: the tokenizer has no chat template; set model.chat_template to the template text "
-                         "or to a .jinja file (e.g. the ChatML one in docs/models.md)")
+                         "or to a .jinja file (the ChatML one: docs/models.md)")
     if tokenizer.eos_token_id is None:
         raise ModelError(f"{where}: the tokenizer has no EOS token, so a reply could never end; add eos_token to "
                          "tokenizer_config.json")
