@@ -1,6 +1,6 @@
 """A Llama-style and a GPT-2-style model, built locally, each trained for 2 steps with and without LoRA through
 `openmanus-rl train`, exported with `openmanus-rl export`, and reloaded: the folder gives the checkpoint's
-log-probs, and `model.path=<folder>` is accepted by the model check and evaluates."""
+log-probs, and `model.path=<folder>` is accepted by the model check (and, for one of them, evaluates)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ def test_train_two_steps_export_and_reload(tmp_path, cli_env, family, lora):
     base = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()
     assert (got - _log_probs(base, tokenizer)).abs().max() > 1e-4  # two steps moved the weights
     check_model(ModelConfig(path=str(out)))
+    if (family, lora) != ("gpt2", False):  # one eval of an exported folder is enough: it loads as model.path does
+        return
     result = tmp_path / "eval.json"
     ev = subprocess.run(["openmanus-rl", "eval", "env=key_door", "env.val_tasks=4", "rollout.max_new_tokens=8",
                          f"model.path={out}", f"trainer.eval_output={result}", f"trainer.run_dir={tmp_path / 'ev'}"],
