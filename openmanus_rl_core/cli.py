@@ -35,7 +35,7 @@ JOBS = {
     "data make": "openmanus_rl_core.commands.data:make",
     "data verify": "openmanus_rl_core.commands.data:verify",
 }
-FROM_RUN_COMMANDS = ("eval", "rollout")
+FROM_RUN_COMMANDS = ("eval", "rollout", "export")
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def _job(command: str, args: argparse.Namespace) -> int:
     check_model(typed.model)  # a model or tokenizer that cannot work stops here, before Ray
     module, func = JOBS[command].split(":")
     job = getattr(importlib.import_module(module), func)
-    # eval and rollout take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
+    # eval, rollout and export take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
     kwargs = {"overrides": list(args.overrides)} if command in FROM_RUN_COMMANDS else {}
     return int(job(typed, **kwargs) or 0)
 

@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_hf import save_tiny  # noqa: E402
 
-from openmanus_rl_core.checkpoint import load_checkpoint_model, save_checkpoint
+from openmanus_rl_core.checkpoint import save_checkpoint
 from openmanus_rl_core.cli import main
 from openmanus_rl_core.models import (CHATML_TEMPLATE, ModelError, apply_lora, check_model, load_tokenizer,
                                       lora_scaling, merge_lora_state, transposed_modules)
@@ -127,8 +127,15 @@ def test_export_writes_a_hugging_face_folder_with_the_checkpoints_log_probs(tmp_
     assert json.loads((out / "omrl_export.json").read_text())["step"] == 2
     # model.path=<exported> is accepted as it is (the model check, and the loader every command uses).
     check_model(ModelConfig(path=str(out)))
-    model2, _ = load_checkpoint_model(ckpt)[:2]
-    torch.testing.assert_close(_log_probs(model2, tokenizer), expected, rtol=0, atol=1e-5)
+    # eval and rollout load the same policy from the checkpoint (the engine gets these merged weights).
+    from openmanus_rl_core.commands.from_run import adopt_run_config, load_policy
+    from openmanus_rl_core.config import check, compose
+
+    named = [f"trainer.checkpoint={ckpt}"]
+    c, run_ckpt = adopt_run_config(check(compose(named), training=False), named, log=lambda message: None)
+    policy, policy_tok, weights = load_policy(c, run_ckpt)
+    policy.load_state_dict(weights)
+    torch.testing.assert_close(_log_probs(policy.eval(), policy_tok), expected, rtol=0, atol=1e-5)
 
 
 def test_export_refuses_a_non_empty_folder_and_a_missing_dir(tmp_path, capsys):

@@ -40,9 +40,9 @@ def _log_probs(model, tokenizer) -> torch.Tensor:
 def test_train_two_steps_export_and_reload(tmp_path, cli_env, family, lora):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from openmanus_rl_core.checkpoint import load_checkpoint_model
-    from openmanus_rl_core.models import check_model
-    from openmanus_rl_core.schema import ModelConfig
+    from openmanus_rl_core.checkpoint import load_checkpoint
+    from openmanus_rl_core.models import apply_lora, check_model
+    from openmanus_rl_core.schema import LoraConfig, ModelConfig
 
     folder = save_tiny(family, tmp_path / family)
     run_dir, out = tmp_path / "run", tmp_path / "exported"
@@ -54,8 +54,15 @@ def test_train_two_steps_export_and_reload(tmp_path, cli_env, family, lora):
                             env=cli_env, capture_output=True, text=True, timeout=300)
     assert export.returncode == 0, export.stderr[-3000:]
 
-    trained, tokenizer, meta = load_checkpoint_model(ckpt)
-    assert meta["step"] == 2
+    # The checkpoint's policy as PEFT runs it (adapters unmerged), independent of the export's merge.
+    state = load_checkpoint(ckpt, keys=["model", "meta"])
+    assert state["meta"]["step"] == 2
+    trained = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True)
+    if lora:
+        trained = apply_lora(trained, LoraConfig(**state["meta"]["config"]["model"]["lora"]))
+    trained.load_state_dict(state["model"], strict=True)
+    trained.eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     reloaded = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
     got = _log_probs(reloaded, AutoTokenizer.from_pretrained(str(out), local_files_only=True))
     torch.testing.assert_close(got, _log_probs(trained, tokenizer), rtol=0, atol=1e-5)

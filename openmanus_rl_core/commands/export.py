@@ -3,21 +3,23 @@ Face folder.
 
 The folder holds ``config.json``, ``model.safetensors`` (LoRA adapters merged into the base weights), the tokenizer
 with its chat template, and ``generation_config.json`` (EOS and pad from the tokenizer), so
-``AutoModelForCausalLM.from_pretrained(dir)`` and ``model.path=<dir>`` both take it as it is.
+``AutoModelForCausalLM.from_pretrained(dir)`` and ``model.path=<dir>`` both take it as it is. The model section
+(folder, dtype, LoRA, chat template) comes from the checkpoint's run unless the command line names it
+(:mod:`.from_run`).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 EXPORT_INFO = "omrl_export.json"
 """Written next to the weights: the checkpoint and step the folder came from."""
 
 
-def export(cfg: Any) -> int:
-    from openmanus_rl_core.checkpoint import load_checkpoint_model
+def export(cfg: Any, overrides: Sequence[str] = ()) -> int:
+    from openmanus_rl_core.commands.from_run import adopt_run_config, load_policy
     from openmanus_rl_core.config import ConfigError
 
     if not cfg.trainer.checkpoint:
@@ -27,14 +29,16 @@ def export(cfg: Any) -> int:
     out = Path(cfg.export.dir).expanduser()
     if out.exists() and any(out.iterdir()) and not cfg.export.overwrite:
         raise ConfigError(f"export.dir={out}: the folder is not empty; choose another or set export.overwrite=true")
-    model, tokenizer, meta = load_checkpoint_model(cfg.trainer.checkpoint, cfg.model)
+    c, ckpt = adopt_run_config(cfg, overrides)
+    model, tokenizer, weights = load_policy(c, ckpt)
     if not tokenizer.chat_template:
-        raise ConfigError(f"{meta['checkpoint']}: the tokenizer has no chat template; set model.chat_template")
+        raise ConfigError(f"{ckpt.path}: the tokenizer has no chat template; set model.chat_template")
+    model.load_state_dict(weights, strict=True)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
-    (out / EXPORT_INFO).write_text(json.dumps({"checkpoint": meta["checkpoint"], "step": meta.get("step")}, indent=2))
-    print(f"exported step {meta.get('step')} of {meta['checkpoint']} to {out}", flush=True)
+    (out / EXPORT_INFO).write_text(json.dumps({"checkpoint": str(ckpt.path), "step": ckpt.step}, indent=2))
+    print(f"exported step {ckpt.step} of {ckpt.path} to {out}", flush=True)
     return 0

@@ -87,17 +87,17 @@ def load_policy(c: Config, ckpt: RunCheckpoint | None):
     neither is given."""
     from transformers import AutoModelForCausalLM
 
-    from openmanus_rl_core.models import _dtype, load_tokenizer, lora_scaling, merge_lora_state
+    from openmanus_rl_core.models import _dtype, load_tokenizer, lora_scaling, merge_lora_state, transposed_modules
 
     if ckpt is not None:  # the checkpoint's weights on model.path (a moved run's folder) or the run's own folder
         model_dir = str(Path(c.model.path).expanduser()) if c.model.path else _model_dir(ckpt.path, ckpt.model_dir)
         weights = ckpt.weights
-        if c.model.lora.enabled:
-            weights = merge_lora_state(weights, lora_scaling(c.model.lora))
     elif c.model.path:
         model_dir, weights = str(Path(c.model.path).expanduser()), None
     else:
         return None
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(model_dir, c.model.chat_template)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=_dtype(c.model.dtype))
+    if weights is not None and c.model.lora.enabled:
+        weights = merge_lora_state(weights, lora_scaling(c.model.lora), transposed_modules(model))
     return model, tokenizer, weights
