@@ -17,7 +17,9 @@ from tiny_hf import save_tiny  # noqa: E402
 
 from openmanus_rl_core.testing import SMALL_RUN  # noqa: E402
 
-RUN = [*SMALL_RUN, "trainer.val_at_end=false", "actor.lr=0.01"]  # model.path replaces the tiny model
+# model.path replaces the tiny model and picks the pretrained recipe (no warm-up): the warm-up is asked for, so the
+# weights move even when every reward of the random model is 0
+RUN = [*SMALL_RUN, "trainer.val_at_end=false", "actor.lr=0.01", "warmup.enabled=true", "warmup.lr=0.01"]
 LORA = {"llama": ["model.lora.enabled=true", "model.lora.r=4", "model.lora.target_modules=[q_proj,v_proj]"],
         "gpt2": ["model.lora.enabled=true", "model.lora.r=4", "model.lora.target_modules=[c_attn,c_proj,c_fc]"]}
 
