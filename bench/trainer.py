@@ -210,7 +210,7 @@ def run_ours(spec: dict) -> dict:
         cfg = compose(spec["overrides"] + [
             f"model.save_dir={spec['model_dir']}", f"trainer.run_dir={run_dir}",
             f"trainer.total_steps={a['warmup'] + a['steps']}", "trainer.val_before_train=false", "trainer.val_freq=0",
-            "trainer.val_at_end=false", "trainer.save_freq=0", "trainer.save_at_end=false", "trainer.tensorboard=false",
+            "trainer.val_at_end=false", "trainer.save_freq=0", "trainer.save_at_end=false", "trainer.loggers=[]",
             "trainer.progress=false", "warmup.enabled=false", f"trainer.device={a['device']}",
         ])
         trainer = Trainer(cfg)

@@ -40,4 +40,4 @@ def prepare_model_dir(cfg: Config, run_dir: Path, train_tasks: Sequence[dict], e
             stamp.write_text(recipe)
             log(f"built the tiny model and its tokenizer ({len(corpus)} corpus texts) in "
                 f"{time.perf_counter() - t0:.1f}s: {model_dir}")
-    return str(model_dir), load_tokenizer(str(model_dir))
+    return str(model_dir), load_tokenizer(str(model_dir), cfg.model.chat_template)

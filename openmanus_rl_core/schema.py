@@ -295,8 +295,7 @@ class TrainerConfig:
     save_freq: int = opt(10, "checkpoint every N steps (0: never; also at the end, see save_at_end)", ge=0)
     save_at_end: bool = opt(True, "checkpoint after the last step")
     max_checkpoints: Optional[int] = opt(3, "keep the newest N checkpoints (null: all)", ge=1)
-    tensorboard: bool = opt(True, "write TensorBoard events next to metrics.jsonl")
-    loggers: List[str] = opt(["tensorboard"], "trackers fed by the run's hooks: tensorboard (also the config and "
+    loggers: List[str] = opt(["tensorboard"], "trackers: tensorboard (events next to metrics.jsonl, with the config and "
                                               "hparams), and installed tracker plugins such as wandb, mlflow")
     progress: bool = opt(True, "show a progress bar")
     checkpoint: Optional[str] = opt(None, "`openmanus-rl eval`: the checkpoint folder or run directory")

@@ -119,6 +119,7 @@ class Trainer:
         from openmanus_rl_core.envs import EnvErrorWatch, open_env_service
         from openmanus_rl_core.metrics import make_run_dir
         from openmanus_rl_core.model_dir import prepare_model_dir
+        from openmanus_rl_core.models import check_model
         from openmanus_rl_core.plugins import make_plugin_manager
         from openmanus_rl_core.registry import build, registry
         from openmanus_rl_core.resume import resume_point
@@ -130,6 +131,7 @@ class Trainer:
         seed_all(self.seed)
         torch.set_num_threads(cfg.trainer.driver_threads or os.cpu_count() or 1)
         self.total_steps = cfg.trainer.total_steps
+        check_model(cfg.model)  # before anything is created: a bad model or tokenizer is one clear message
         self.run_dir = make_run_dir(cfg)
         self.log(recipe_line(cfg))
         self.resume_path, self._resume_state = resume_point(self.run_dir, cfg.trainer.resume, self.log)
@@ -511,7 +513,7 @@ class Trainer:
             self.log(f"resumed from {self.resume_path} (step {start_step})")
         # Resumed: the lines logged after the checkpoint go (those steps run again). A fresh start finds no earlier
         # steps here (_resume_point set them aside), at most a torn line.
-        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=tcfg.tensorboard,
+        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard="tensorboard" in tcfg.loggers,
                                             resume_step=start_step if self.resume_path is not None else -1)
         self.pm.hook.openmanus_rl_run_start(cfg=self.cfg_node, run_dir=str(self.run_dir))
         val_freq, save_freq = tcfg.val_freq, tcfg.save_freq
@@ -619,7 +621,7 @@ class Trainer:
         step = self.restore(path, state)
         # The lines logged after that checkpoint are dropped: those steps run again.
         self.metrics_logger.close()
-        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard=self.cfg.trainer.tensorboard, resume_step=step)
+        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard="tensorboard" in self.cfg.trainer.loggers, resume_step=step)
         return step
 
     def shutdown(self) -> None:

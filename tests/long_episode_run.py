@@ -40,7 +40,7 @@ def main(run_dir: str, overrides: list[str]) -> dict:
                    "algorithm.n=2", "data.train_batch_size=2", "env.train_tasks=8", "env.val_tasks=2",
                    "algorithm.recompute_old_log_probs=true", "warmup.enabled=false", "trainer.total_steps=1",
                    "trainer.val_freq=0", "trainer.val_before_train=false", "trainer.val_at_end=false",
-                   "trainer.save_at_end=false", "trainer.progress=false", "trainer.tensorboard=false",
+                   "trainer.save_at_end=false", "trainer.progress=false", "trainer.loggers=[]",
                    "trainer.num_cpus=2", "trainer.num_workers=2", f"trainer.run_dir={run_dir}/run", *overrides])
     trainer = Trainer(cfg)
     seen: list = []

@@ -57,7 +57,7 @@ def test_a_bad_value_is_one_line_and_exit_2_before_anything_starts(override, mes
     (["trainer.device=tpu"], "trainer.device=tpu: allowed values are auto, cpu, cuda"),
     (["trainer.val_greedy=maybe"], "trainer.val_greedy=maybe: must be true or false"),
     (["trainer.val_max_tasks=x"], "trainer.val_max_tasks=x: must be an integer or null"),
-    (["+trainer.tensorbord=false"], "trainer.tensorbord: unknown key; did you mean trainer.tensorboard?"),
+    (["+trainer.loggerz=[]"], "trainer.loggerz: unknown key; did you mean trainer.loggers?"),
     (["actr.lr=1"], "actr.lr=1: unknown key; did you mean actor.lr"),
     (["env=key_dor"], "env=key_dor: no such option; did you mean env=key_door"),
     (["algorithm.loss_cfg.clip_low=0.1", "algorithm.kl_ctrl.type=pid"],

@@ -357,7 +357,7 @@ def run_train(tmp_path, *overrides: str) -> list[dict]:
 
 
 QUIET = ["trainer.val_before_train=false", "trainer.val_at_end=false", "trainer.save_at_end=false",
-         "trainer.tensorboard=false", "trainer.progress=false", 'algorithm.recompute_old_log_probs="true"']
+         "trainer.loggers=[]", "trainer.progress=false", 'algorithm.recompute_old_log_probs="true"']
 
 
 @pytest.mark.slow

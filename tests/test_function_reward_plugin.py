@@ -75,7 +75,7 @@ def test_grpo_run_on_the_dataset_env_scored_by_a_function_plugin(fn_reward_dist,
         "env.kwargs.arithmetic_size=40", "env.train_tasks=32", "env.val_tasks=8",
         "trainer.total_steps=2", "data.train_batch_size=2", "algorithm.n=2",
         "warmup.steps=1", "warmup.num_demos=8", "trainer.val_max_tasks=4", "trainer.val_before_train=false",
-        "trainer.num_workers=1", "trainer.tensorboard=false", "trainer.progress=false",
+        "trainer.num_workers=1", "trainer.loggers=[]", "trainer.progress=false",
         f"trainer.run_dir={run_dir}",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=cli_env, timeout=540, cwd=tmp_path)

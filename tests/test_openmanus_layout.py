@@ -82,7 +82,7 @@ def test_training_from_the_file_warms_up_on_its_conversations(files, tmp_path, c
                    "model.tiny.vocab_size=400", "data.train_batch_size=3", "algorithm.n=2", "env.max_turns=4",
                    "rollout.max_new_tokens=8", "warmup.steps=2", "warmup.batch_size=4", "warmup.validate=false",
                    "trainer.total_steps=1", "trainer.val_before_train=false", "trainer.progress=false",
-                   "trainer.tensorboard=false", "trainer.num_cpus=2", "trainer.save_at_end=false",
+                   "trainer.loggers=[]", "trainer.num_cpus=2", "trainer.save_at_end=false",
                    f"trainer.run_dir={run_dir}"], env=cli_env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, *rest = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

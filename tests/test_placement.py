@@ -256,7 +256,7 @@ def test_trainer_runs_two_steps_with_workers_on_both_nodes(cluster, tmp_path):
         f"trainer.ray_address={cluster.address}",
         "trainer.total_steps=2", "trainer.num_workers=2", "trainer.worker_num_cpus=1",
         "trainer.val_before_train=false", "trainer.val_at_end=false", "warmup.enabled=false",
-        "trainer.save_at_end=false", "trainer.tensorboard=false", "trainer.progress=false",
+        "trainer.save_at_end=false", "trainer.loggers=[]", "trainer.progress=false",
         "data.train_batch_size=2", "rollout.max_new_tokens=16",
         f"trainer.output_dir={tmp_path / 'outputs'}", f"data.dir={tmp_path / 'data'}",
     ]

@@ -20,7 +20,7 @@ SMALL = [
     "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
     "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400", "data.train_batch_size=4", "algorithm.n=2",
     "env.train_tasks=8", "env.val_tasks=2", "rollout.max_new_tokens=8", "warmup.enabled=false",
-    "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_cpus=2", "trainer.val_before_train=false",
+    "trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=2", "trainer.val_before_train=false",
     "trainer.val_at_end=false", "trainer.val_freq=0", "trainer.save_freq=0", "trainer.save_at_end=false",
 ]
 

@@ -16,7 +16,7 @@ import torch
 from openmanus_rl_core.checkpoint import save_checkpoint
 
 TRAIN = [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_door", "trainer.total_steps=1",
-         "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_cpus=1", "trainer.num_workers=1",
+         "trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=1", "trainer.num_workers=1",
          "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
          "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
          "data.train_batch_size=2", "algorithm.n=2", "env.train_tasks=4", "env.val_tasks=2", "warmup.steps=1",

@@ -22,7 +22,7 @@ SMALL = [
     "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
     "data.train_batch_size=4", "algorithm.n=4", "env.train_tasks=32", "env.val_tasks=8",
     "rollout.max_new_tokens=12", "warmup.steps=2", "warmup.batch_size=8", "warmup.validate=false",
-    "trainer.progress=false", "trainer.tensorboard=false", "trainer.num_cpus=2",
+    "trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=2",
 ]
 REQUIRED = ("step", "train/reward_mean", "val/reward_mean", "val/success_rate")
 

@@ -34,12 +34,13 @@ class ActorWorker(Worker):
             _dtype,
             apply_lora,
             load_tokenizer,
+            transposed_modules,
             lora_scaling,
         )
 
         self.setup_distributed(master_addr, master_port)
         cfg = self.cfg
-        self.tokenizer = load_tokenizer(self.model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir, cfg.model.chat_template)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, local_files_only=True,
                                                      dtype=_dtype(cfg.model.dtype))
         if cfg.model.gradient_checkpointing:
@@ -47,6 +48,7 @@ class ActorWorker(Worker):
         # The rollout engine's unsharded copy (FSDP2 shards in place, so copy first). With LoRA the engine holds
         # the plain model and receives merged weights (base + scaled B @ A): no adapter branches at generation.
         engine_model = copy.deepcopy(model).eval()
+        self.transposed = transposed_modules(engine_model)  # GPT-2's Conv1D keeps its weights transposed
         model = apply_lora(model, cfg.model.lora)
         model.train()
         self.lora = cfg.model.lora.enabled
@@ -243,6 +245,6 @@ class ActorWorker(Worker):
         """The training model's full state dict as the rollout engine loads it (LoRA adapters merged)."""
         from openmanus_rl_core.models import merge_lora_state
 
-        return merge_lora_state(model_sd, self.lora_scaling) if self.lora else dict(model_sd)
+        return merge_lora_state(model_sd, self.lora_scaling, self.transposed) if self.lora else dict(model_sd)
 
 

@@ -344,7 +344,7 @@ SMALL_RUN = [
     "template=react", "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
     "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
     "data.train_batch_size=4", "algorithm.n=2", "env.train_tasks=16", "env.val_tasks=4", "env.max_turns=3",
-    "rollout.max_new_tokens=8", "warmup.steps=2", "trainer.progress=false", "trainer.tensorboard=false",
+    "rollout.max_new_tokens=8", "warmup.steps=2", "trainer.progress=false", "trainer.loggers=[]",
     "trainer.num_cpus=2", "trainer.val_before_train=false", "trainer.val_at_end=false", "trainer.save_freq=0",
     "trainer.save_at_end=false", "env.kwargs.timeout=5", "env.kwargs.retries=0",
 ]

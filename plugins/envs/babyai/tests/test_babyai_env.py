@@ -121,7 +121,7 @@ def test_learning_preset_composes():
 
     cfg = load(["+experiment=babyai_goto"])  # checked against the schema like any training config
     assert cfg.env.name == "babyai" and list(cfg.env.kwargs["levels"]) == ["BabyAI-GoToLocal-v0"]
-    assert (cfg.trainer.total_steps, cfg.rollout.max_turns, cfg.warmup.num_demos) == (40, 3, 256)
+    assert (cfg.trainer.total_steps, cfg.rollout.max_turns, cfg.warmup.steps, cfg.warmup.num_demos) == (20, 3, 300, 1000)
     env = BabyAIEnv(**cfg.env.kwargs)
     assert env.reset(cfg.env.train_tasks, 0).startswith("Your goal: go to ")
 
@@ -134,7 +134,7 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
            "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
            "model.tiny.vocab_size=400", "model.corpus_tasks=8", "rollout.max_new_tokens=8",
            "rollout.max_prompt_tokens=1024", "rollout.max_obs_tokens=512", "warmup.steps=1", "warmup.num_demos=4",
-           "warmup.validate=false", "trainer.num_workers=1", "trainer.tensorboard=false", "trainer.progress=false",
+           "warmup.validate=false", "trainer.num_workers=1", "trainer.loggers=[]", "trainer.progress=false",
            "trainer.save_at_end=false", f"trainer.run_dir={run_dir}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=tmp_path,
                           env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})

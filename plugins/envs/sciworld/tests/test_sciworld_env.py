@@ -167,7 +167,7 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
            "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
            "model.tiny.vocab_size=400", "model.corpus_tasks=2", "rollout.max_new_tokens=8",
            "rollout.max_prompt_tokens=1024", "rollout.max_obs_tokens=512", "warmup.steps=1", "warmup.num_demos=2",
-           "warmup.validate=false", "trainer.num_workers=1", "trainer.tensorboard=false", "trainer.progress=false",
+           "warmup.validate=false", "trainer.num_workers=1", "trainer.loggers=[]", "trainer.progress=false",
            "trainer.save_at_end=false", "rollout.env_timeout_s=300", f"trainer.run_dir={run_dir}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=tmp_path,
                           env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})

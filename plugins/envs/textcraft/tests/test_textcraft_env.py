@@ -141,7 +141,7 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
            "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
            "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400", "model.corpus_tasks=8",
            "rollout.max_new_tokens=8", "warmup.steps=1", "warmup.num_demos=4", "warmup.validate=false",
-           "trainer.num_workers=1", "trainer.tensorboard=false", "trainer.progress=false", "trainer.save_at_end=false",
+           "trainer.num_workers=1", "trainer.loggers=[]", "trainer.progress=false", "trainer.save_at_end=false",
            f"trainer.run_dir={run_dir}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=tmp_path,
                           env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
