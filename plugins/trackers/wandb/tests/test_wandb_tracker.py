@@ -88,7 +88,7 @@ def test_not_selected_it_writes_nothing(tmp_path):
     assert not (tmp_path / "run-b" / "wandb").exists()
 
 
-
+@pytest.mark.long  # the hooks' fast test above reads back what a real tracker wrote
 @pytest.mark.slow
 def test_a_training_run_logs_every_step_to_wandb_as_in_metrics_jsonl(tmp_path):
     """`openmanus-rl train trainer.loggers=[tensorboard,wandb]`: the trainer's own hooks feed the tracker."""
