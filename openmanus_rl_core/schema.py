@@ -179,6 +179,21 @@ class RolloutConfig:
     greedy: bool = opt(False, "argmax decoding")
     env_timeout_s: float = opt(30.0, "limit of one env.reset / env.step call (past it: env_error)", gt=0)
     env_workers: int = opt(0, "threads for env calls (0: one per live episode)", ge=0)
+    mode: str = opt("lockstep", "lockstep: one generate over every live episode per turn, the turn waits for its "
+                                "slowest env call (reproducible); episodes: each episode moves on when its own env "
+                                "call returns (for envs with slow or uneven latency; docs/async.md)",
+                    choices=("lockstep", "episodes"))
+    gen_batch_size: int = opt(0, "mode=episodes: most episodes per generate call (0: every ready one)", ge=0)
+    gen_wait_ms: float = opt(10.0, "mode=episodes: how long ready episodes wait for others before a generate call",
+                             ge=0)
+    max_staleness: Optional[int] = opt(None, "the group stream (docs/async.md): a trained sample's tokens are at most "
+                                             "this many optimizer steps old; groups keep running across steps "
+                                             "(needs mode=episodes; null: no stream, each step rolls out its own "
+                                             "batch)", ge=0)
+    stale_policy: str = opt("wait", "the stream, for a group that would be trained staler than max_staleness: wait "
+                                    "(the step waits for it and trains it first: long episodes are never dropped) "
+                                    "or drop (never waits; such groups are discarded and counted)",
+                            choices=("wait", "drop"))
     keep_env_errors: bool = opt(False, "keep env_error episodes in the loss (else their response mask is zeroed)")
     sleep_after_rollout: bool = opt(True, "put the engine to sleep after each rollout (frees device memory)")
     num_tasks: int = opt(16, "`openmanus-rl rollout`: how many tasks it plays (generated ids, or the first rows "
@@ -370,5 +385,12 @@ def _rule_sample_budget(c: Config) -> str | None:
     return None
 
 
+def _rule_stream_mode(c: Config) -> str | None:
+    if c.rollout.max_staleness is not None and c.rollout.mode != "episodes":
+        return (f"rollout.max_staleness={c.rollout.max_staleness}: the group stream runs episodes on their own; "
+                f"set rollout.mode=episodes (or rollout.max_staleness=null)")
+    return None
+
+
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
-RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget)
+RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_stream_mode)

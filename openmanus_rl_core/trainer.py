@@ -110,6 +110,9 @@ class Trainer:
         self.bar = None
         self.env_service = None
         self.can_warm_up = True  # False once the warm-up found no demonstrations (no oracle, none in the data)
+        self.stream = None  # the group stream (rollout.max_staleness set), from the first step on
+        self._stream_state: dict | None = None  # a resumed stream's groups, to play again
+        self.policy_version = 0  # actor updates so far: the version of the rollout engine's weights
 
     # ------------------------------------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -304,15 +307,30 @@ class Trainer:
         """The step's tasks, each ``rollout.n`` times (one group), played by the actor ranks; the episodes."""
         from openmanus_rl_core.rollout import expand_tasks
 
-        tasks = self.sampler.next_batch()
-        # Deterministic group ids (expand_tasks would draw random ones): same run, same groups.
-        tasks = [dict(t, group_id=f"{step}:{i}") for i, t in enumerate(tasks)]
-        with self.timer("rollout"):
-            episodes = self._rollout(expand_tasks(tasks, self.n))
+        if self.cfg.rollout.max_staleness is not None:  # the group stream: groups run across steps
+            with self.timer("rollout"):
+                episodes = self._stream().next_batch(self.policy_version, metrics)
+        else:
+            tasks = self.sampler.next_batch()
+            # Deterministic group ids (expand_tasks would draw random ones): same run, same groups.
+            tasks = [dict(t, group_id=f"{step}:{i}") for i, t in enumerate(tasks)]
+            with self.timer("rollout"):
+                episodes = self._rollout(expand_tasks(tasks, self.n))
         trajectories = [e.trajectory for e in episodes]
         self.env_errors.update(step, [t.termination for t in trajectories], [t.error for t in trajectories])
         self.pm.hook.openmanus_rl_process_trajectories(trajectories=trajectories, step=step)
         return episodes
+
+    def _stream(self):
+        """The group stream (rollout/stream.py), started at the first step that needs it."""
+        from openmanus_rl_core.rollout.stream import GroupStream
+
+        if self.stream is None:
+            self.stream = GroupStream(self.actor, self.cfg.rollout, self.sampler.next_batch,
+                                      self.cfg.data.train_batch_size)
+            if self._stream_state is not None:
+                self.stream.load_state_dict(self._stream_state)
+        return self.stream
 
     def phase_reward(self, step: int, episodes: list, metrics: dict[str, float]):
         """Rewards composed per trajectory and placed on tokens by the allocator: the training batch, with
@@ -432,8 +450,9 @@ class Trainer:
 
     def phase_sync_weights(self) -> None:
         """The updated weights into every actor rank's rollout engine."""
+        self.policy_version += 1
         with self.timer("sync_weights"):
-            self.actor.call("sync_rollout_weights")
+            self.actor.call("sync_rollout_weights", version=self.policy_version)
 
     def _lean_shards(self, batch):
         """``(shards, pad)``: the batch's token tensors only, one equal shard per rank (forward passes need no more)."""
@@ -456,10 +475,12 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "trainer": {"step": int(step), "skipped_steps": int(self.skipped_steps),
                         "kl_coef": float(self.kl_ctrl.value), "total_steps": int(self.total_steps),
-                        "warmup_done": True},
+                        "warmup_done": True, "policy_version": int(self.policy_version)},
             "meta": {"model_dir": str(self.model_dir), "step": int(step), "config": dataclasses.asdict(self.cfg),
                      "lora": self.cfg.model.lora.enabled},
         }
+        if self.stream is not None:
+            state["stream"] = self.stream.state_dict()
         if self.critic is not None:
             critic_states = self.critic.call("get_state")
             state["critic"] = {"model": critic_states[0]["model"], "optimizer": critic_states[0]["optimizer"],
@@ -497,6 +518,10 @@ class Trainer:
         self.skipped_steps = int(t.get("skipped_steps", 0))
         self.kl_ctrl.value = float(t.get("kl_coef", self.kl_ctrl.value))
         restore_rng_state(state["rng"]["driver"])
+        self.policy_version = int(t.get("policy_version", t["step"]))
+        self._stream_state = state.get("stream")
+        if self.cfg.rollout.max_staleness is not None:  # the stream tags tokens with the engine's version
+            self.actor.call("sync_rollout_weights", version=self.policy_version)
         return int(t["step"])
 
     # ------------------------------------------------------------------------------------------------ fit
@@ -581,6 +606,12 @@ class Trainer:
                 final["train/worker_restarts"] = float(restarts)
             return final
         finally:
+            if self.stream is not None:
+                try:
+                    self.stream.close()
+                except Exception as exc:  # the workers may be gone already (a failure being reported)
+                    self.log(f"could not stop the rollout stream: {exc}")
+                self.stream = None
             if self.bar is not None:
                 self.bar.close()
                 self.log.bar = None
@@ -617,6 +648,7 @@ class Trainer:
             if g is not None:
                 g.kill()
         self.actor = self.critic = None
+        self.stream = None  # its ranks are gone; the checkpoint's groups are played again
         self._start_workers()
         step = self.restore(path, state)
         # The lines logged after that checkpoint are dropped: those steps run again.

@@ -78,6 +78,39 @@ class EnvCallPool:
         for _ in range(n):
             self._q.put(None)
 
+    def harvest(self, futs: Sequence[cf.Future], timeout: float, wait_s: float) -> list[tuple[cf.Future, CallStatus, Any]]:
+        """The calls among ``futs`` that ended (or ran past ``timeout`` seconds since they started), waiting at most
+        ``wait_s`` seconds for the first one; ``[(future, status, result or exception or None)]`` in end order.
+
+        The non-blocking counterpart of :meth:`collect`, for callers that act on each call as soon as it ends.
+        """
+        out: list[tuple[cf.Future, CallStatus, Any]] = []
+        pending = list(futs)
+        end = time.monotonic() + max(wait_s, 0.0)
+        while pending:
+            now = time.monotonic()
+            still = []
+            for f in pending:
+                s = getattr(f, "started_at", None)
+                if f.done():
+                    exc = f.exception()
+                    out.append((f, CallStatus.ERROR, exc) if exc is not None else (f, CallStatus.OK, f.result()))
+                elif s is not None and now >= s + timeout:
+                    out.append((f, CallStatus.TIMEOUT, None))
+                else:
+                    still.append(f)
+            if out or now >= end:
+                break
+            pending = still
+            starts = [getattr(f, "started_at", None) for f in still]
+            nearest = min((s + timeout for s in starts if s is not None), default=math.inf)
+            cf.wait(still, timeout=max(0.0, min(end, nearest, now + 0.05) - now), return_when=cf.FIRST_COMPLETED)
+        timed_out = sum(1 for _, st, _ in out if st is CallStatus.TIMEOUT)
+        if timed_out:
+            with self._lock:
+                self._abandoned += timed_out
+        return out
+
     def collect(self, futs: Sequence[cf.Future], timeout: float) -> list[tuple[str, Any]]:
         """Wait for every future; each gets ``timeout`` seconds from the moment its call started.
 

@@ -23,6 +23,9 @@ class Episode:
     With a per-turn memory, ``contexts[t]`` is the prompt the model saw before reply ``t`` (its own training
     sample); ``response_ids`` then holds the replies back to back (all mask 1, ``Turn.span`` indexes them) and
     ``prompt_ids`` is ``contexts[0]``. With the ``full`` memory ``contexts`` is empty.
+
+    ``versions`` is aligned with ``response_ids``: the policy version (optimizer steps completed) whose weights
+    generated each mask-1 token, -1 on mask-0 tokens. A partial rollout that spans a weight update holds several.
     """
 
     trajectory: Trajectory
@@ -34,6 +37,7 @@ class Episode:
     anchor_obs: list[str] = field(default_factory=list)
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
     contexts: list[list[int]] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
 
     @property
     def group_id(self) -> Any:
@@ -46,6 +50,11 @@ class Episode:
         for t, (s, e) in enumerate(self.trajectory.segments):
             out[s:e] = [t] * (e - s)
         return out
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest policy version among the generated tokens (None: no token generated)."""
+        return min((v for v in self.versions if v >= 0), default=None)
 
     def context_ids(self, t: int) -> list[int]:
         """The exact tokens the model saw before reply ``t``."""

@@ -67,7 +67,7 @@ def sampling_params(cfg: RolloutConfig, stop: Sequence[str] = ()) -> SamplingPar
 class _Live:
     """Book-keeping of one episode while it runs."""
 
-    __slots__ = ("ep", "env", "obs", "done", "generation", "system", "task", "history")
+    __slots__ = ("ep", "env", "obs", "done", "generation", "system", "task", "history", "turn", "env_s")
 
     def __init__(self, ep: Episode):
         self.ep = ep
@@ -112,6 +112,8 @@ class AgentLoop:
         self.memory = memory
         self.per_turn = bool(memory is not None and memory.per_turn)
         self.stats: dict[str, Any] = {}
+        # The policy version (completed optimizer steps) of the engine's weights: every generated token records it.
+        self.version = 0
 
     # -------------------------------------------------------------------------------------- helpers
     def _obs_tokens(self, text: str) -> tuple[list[int], bool]:
@@ -191,6 +193,43 @@ class AgentLoop:
         except Exception as exc:  # the protocol says parse never raises; a buggy template must not stop the batch
             return ParsedAction(kind="invalid", content=text, valid=False), describe_error(exc)
 
+    # ------------------------------------------------------------------------------------ one episode
+    def _new_live(self, task: Mapping[str, Any]) -> _Live:
+        task = dict(task)
+        traj = Trajectory(
+            task_id=task.get("task_id"), seed=task.get("seed"),
+            group_id=task.get("group_id") or uuid.uuid4().hex, initial_observation="", task=task,
+        )
+        traj.info["finish_reasons"] = []
+        return _Live(Episode(trajectory=traj, prompt_ids=[]))
+
+    def _take_reset(self, lv: _Live, status: CallStatus, value: Any) -> None:
+        if status is CallStatus.OK and isinstance(value, str):
+            lv.ep.trajectory.initial_observation = value
+            try:
+                self._first_prompt(lv, value)
+            except Exception as exc:  # a template's system_prompt that raises ends only this episode
+                _finish(lv, "env_error", f"building the first prompt failed: {describe_error(exc)}")
+        elif status is CallStatus.OK:
+            _finish(lv, "env_error", f"env.reset returned {type(value).__name__}, not str")
+        elif status is CallStatus.TIMEOUT:
+            _finish(lv, "env_error", f"env reset timed out after {self.cfg.env_timeout_s:g}s")
+        else:
+            _finish(lv, "env_error", f"env reset failed: {describe_error(value)}")
+
+    def _prompt(self, lv: _Live) -> list[int]:
+        """The tokens the next reply of ``lv`` continues."""
+        return lv.ep.contexts[-1] if self.per_turn else lv.ep.prompt_ids + lv.ep.response_ids
+
+    def _params(self) -> SamplingParams:
+        return sampling_params(self.cfg, list(getattr(self.template, "stop", []) or []))
+
+    def _end(self, lives: Sequence[_Live], total: float) -> list[Episode]:
+        for lv in lives:
+            lv.ep.trajectory.response_length = len(lv.ep.response_ids)
+            lv.ep.trajectory.info["rollout_time_s"] = total
+        return [lv.ep for lv in lives]
+
     # ------------------------------------------------------------------------------------------- run
     def run(self, tasks: Sequence[Mapping[str, Any]]) -> list[Episode]:
         """Run one episode per task (already expanded: see :func:`expand_tasks`); returns them in order.
@@ -199,18 +238,17 @@ class AgentLoop:
         a fresh uuid per task); the whole mapping is kept in ``Trajectory.task`` for reward components.
         """
         cfg = self.cfg
+        if cfg.mode == "episodes":  # each episode on its own: rollout/episodes.py
+            from openmanus_rl_core.rollout.episodes import EpisodeRunner
+
+            runner = EpisodeRunner(self)
+            episodes = runner.run(tasks)
+            self.stats = runner.stats
+            return episodes
         t_run = time.perf_counter()
         workers = cfg.env_workers if cfg.env_workers else 0
         pool = EnvCallPool(workers)
-        lives: list[_Live] = []
-        for task in tasks:
-            task = dict(task)
-            traj = Trajectory(
-                task_id=task.get("task_id"), seed=task.get("seed"),
-                group_id=task.get("group_id") or uuid.uuid4().hex, initial_observation="", task=task,
-            )
-            traj.info["finish_reasons"] = []
-            lives.append(_Live(Episode(trajectory=traj, prompt_ids=[])))
+        lives = [self._new_live(task) for task in tasks]
         stats: dict[str, Any] = {"turns": [], "generate_calls": 0}
         self.stats = stats
 
@@ -220,29 +258,16 @@ class AgentLoop:
             results = pool.collect([pool.submit(self._start, lv) for lv in lives], cfg.env_timeout_s)
             stats["reset_s"] = time.perf_counter() - t0
             for lv, (status, value) in zip(lives, results):
-                if status is CallStatus.OK and isinstance(value, str):
-                    lv.ep.trajectory.initial_observation = value
-                    try:
-                        self._first_prompt(lv, value)
-                    except Exception as exc:  # a template's system_prompt that raises ends only this episode
-                        _finish(lv, "env_error", f"building the first prompt failed: {describe_error(exc)}")
-                elif status is CallStatus.OK:
-                    _finish(lv, "env_error", f"env.reset returned {type(value).__name__}, not str")
-                elif status is CallStatus.TIMEOUT:
-                    _finish(lv, "env_error", f"env reset timed out after {cfg.env_timeout_s:g}s")
-                else:
-                    _finish(lv, "env_error", f"env reset failed: {describe_error(value)}")
+                self._take_reset(lv, status, value)
 
-            stop = list(getattr(self.template, "stop", []) or [])
-            params = sampling_params(cfg, stop)
+            params = self._params()
             for turn in range(cfg.max_turns):
                 live = [lv for lv in lives if not lv.done]
                 if not live:
                     break
                 # ONE batched generate over every live episode.
                 t0 = time.perf_counter()
-                prompts = [lv.ep.contexts[-1] if self.per_turn else lv.ep.prompt_ids + lv.ep.response_ids
-                           for lv in live]
+                prompts = [self._prompt(lv) for lv in live]
                 gens = self.engine.generate(prompts, params)
                 gen_s = time.perf_counter() - t0
                 stats["generate_calls"] += 1
@@ -272,10 +297,7 @@ class AgentLoop:
 
         total = time.perf_counter() - t_run
         stats["total_s"] = total
-        for lv in lives:
-            lv.ep.trajectory.response_length = len(lv.ep.response_ids)
-            lv.ep.trajectory.info["rollout_time_s"] = total
-        return [lv.ep for lv in lives]
+        return self._end(lives, total)
 
     def _take_reply(self, lv: _Live, gen: Any) -> Turn | None:
         """Append one generation; return the Turn to step the env with, or None if the episode ended here."""
@@ -294,6 +316,7 @@ class AgentLoop:
         ep.response_ids.extend(ids)
         ep.response_mask.extend([1] * len(ids))
         ep.logprobs.extend(lps)
+        ep.versions.extend([self.version] * len(ids))
         ep.anchor_obs.append(lv.obs)
         traj.info["finish_reasons"].append("length" if cut else gen.finish_reason)
         parsed, perr = self._parse(text)
@@ -359,6 +382,7 @@ class AgentLoop:
         ep.response_ids.extend(delta)
         ep.response_mask.extend([0] * len(delta))
         ep.logprobs.extend([0.0] * len(delta))
+        ep.versions.extend([-1] * len(delta))
         lv.obs = value.observation
 
     def _close_all(self, pool: EnvCallPool, lives: Sequence[_Live]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 import time
 from typing import Any, Mapping
 
@@ -74,6 +75,11 @@ class ActorWorker(Worker):
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = make_optimizer(params, self.optim_cfg, self.total_steps)
         self.temperature = cfg.rollout.temperature
+        # The engine's weights change only under this lock: a streaming rollout's generate calls hold it, so new
+        # weights land between two turns. policy_version: optimizer steps behind the engine's weights.
+        self.engine_lock = threading.RLock()
+        self.policy_version = 0
+        self.stream = None
         self._env_factory = None
         self._template = None
         self.warm_optimizer = None
@@ -104,15 +110,38 @@ class ActorWorker(Worker):
         template, env_factory = self._agent_parts()
         rcfg = dataclasses.replace(self.cfg.rollout, **dict(overrides or {}))
         loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, rcfg, memory=self._memory)
-        try:
-            if keep_rng:
-                with saved_generator(self.engine.generator):
-                    return loop.run(tasks)
-            return loop.run(tasks)
-        finally:
-            # Colocated on one device: hand the engine's memory to training until the next generate / weight push.
-            if self.cfg.rollout.sleep_after_rollout and hasattr(self.engine, "sleep"):
-                self.engine.sleep()
+        with self.engine_lock:  # a running stream's generation waits (validation, eval)
+            try:
+                if keep_rng:
+                    with saved_generator(self.engine.generator):
+                        return loop.run(tasks)
+                return loop.run(tasks)
+            finally:
+                # Colocated on one device: hand the engine's memory to training until the next generate / weight
+                # push (never while a stream generates with it).
+                if self.cfg.rollout.sleep_after_rollout and hasattr(self.engine, "sleep") and self.stream is None:
+                    self.engine.sleep()
+
+    # ------------------------------------------------------------------------------------------ the stream
+    def stream_start(self) -> None:
+        """Start this rank's side of the group stream (rollout/stream.py)."""
+        from openmanus_rl_core.rollout import AgentLoop
+        from openmanus_rl_core.rollout.stream import RankStream
+
+        template, env_factory = self._agent_parts()
+        loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, self.cfg.rollout, memory=self._memory)
+        self.stream = RankStream(loop, self.engine_lock, lambda: self.policy_version)
+
+    def stream_submit(self, groups: list) -> None:
+        self.stream.submit(groups)
+
+    def stream_take(self, max_wait_s: float) -> dict:
+        return self.stream.take(max_wait_s)
+
+    def stream_stop(self) -> None:
+        if self.stream is not None:
+            self.stream.stop()
+            self.stream = None
 
     # ------------------------------------------------------------------------------------------- log-probs
     @torch.no_grad()
@@ -205,8 +234,9 @@ class ActorWorker(Worker):
         self.warm_optimizer = None
 
     # -------------------------------------------------------------------------------------- weight sync
-    def sync_rollout_weights(self) -> float:
+    def sync_rollout_weights(self, version: int | None = None) -> float:
         """Push the trained weights into this rank's rollout engine (in memory); returns seconds taken.
+        ``version``: the policy version they are (optimizer steps completed), recorded on the tokens they generate.
 
         Gathers the full state dict on rank 0 (CPU), merges LoRA adapters into their base weights when LoRA is on,
         broadcasts each tensor over the CPU group, then every rank loads it into its engine.
@@ -227,7 +257,10 @@ class ActorWorker(Worker):
                 t = sd[k].contiguous()
                 dist.broadcast(t, src=0, group=self.cpu_group)
                 sd[k] = t
-        self.engine.update_weights(sd)
+        with self.engine_lock:
+            self.engine.update_weights(sd)
+            if version is not None:
+                self.policy_version = int(version)
         return time.perf_counter() - t0
 
     # ----------------------------------------------------------------------------------------- checkpoint

@@ -1,0 +1,285 @@
+"""The group stream: rollouts that keep running across training steps, with a staleness bound
+(``rollout.max_staleness``, η, in optimizer steps; docs/async.md).
+
+Two halves:
+
+- :class:`RankStream`, inside each actor rank: a thread runs an :class:`~.episodes.EpisodeRunner` over the groups
+  the driver submitted and hands back complete groups. It generates through the rank's engine under the rank's
+  engine lock, so new weights (``ActorWorker.sync_rollout_weights``) land between two generate calls: at a turn
+  boundary. An episode in flight goes on under the new weights (a partial rollout); every generated token records
+  the policy version that produced it (``Episode.versions``).
+- :class:`GroupStream`, on the driver: admits groups under :class:`~.staleness.Admission`'s rule
+  ``accepted + running <= (η + v + 1)·B``, collects complete groups, drops those the dynamic-sampling filter rejects,
+  and gives the trainer its B groups per step. A sample's staleness is ``v - (oldest version among its tokens)``
+  (v: optimizer steps completed when it is trained).
+
+No trained sample is staler than η. ``rollout.stale_policy``:
+
+- ``wait`` (default): before training at version v, the step waits for every running group admitted at version
+  ``<= v - η`` (next step it would be too stale) and trains the oldest groups first. Long episodes are never thrown
+  away, so the trained batch is not biased toward short ones; the price is a wait when a straggler is that old. In
+  the rare case that more than B groups must go now, the step trains them all (``stream/oversize`` counts it).
+- ``drop``: never waits; a complete group staler than η is discarded (``stream/dropped``). Faster under long tails,
+  but long episodes are the ones dropped: compare ``stream/trained_turns`` with ``stream/generated_turns``.
+
+Either way a group is checked once more right before training, and one staler than η is dropped, never trained.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from openmanus_rl_core.rollout.episode import Episode
+from openmanus_rl_core.rollout.staleness import Admission, group_staleness
+from openmanus_rl_core.schema import RolloutConfig
+
+
+# ------------------------------------------------------------------------------------------------ rank side
+class _LockedEngine:
+    """The rank's engine as the stream thread sees it: each generate holds the engine lock, and the loop's version
+    is read inside it, so the tokens of one call are tagged with the weights that produced them."""
+
+    def __init__(self, engine: Any, lock: threading.RLock, loop: Any, version: Callable[[], int]):
+        self.engine, self.lock, self.loop, self.version = engine, lock, loop, version
+
+    def generate(self, prompts, params):
+        with self.lock:
+            self.loop.version = self.version()
+            return self.engine.generate(prompts, params)
+
+
+class RankStream:
+    """One actor rank's side of the stream (see the module doc).
+
+    ``loop``: an :class:`~.loop.AgentLoop` over the rank's engine (mode episodes); ``lock``: the rank's engine lock;
+    ``version``: returns the policy version of the engine's weights (read under the lock).
+    """
+
+    def __init__(self, loop: Any, lock: threading.RLock, version: Callable[[], int]):
+        from openmanus_rl_core.rollout.episodes import EpisodeRunner
+
+        loop.engine = _LockedEngine(loop.engine, lock, loop, version)
+        self.runner = EpisodeRunner(loop)
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.expected: dict[Any, int] = {}
+        self.partial: dict[Any, list[Episode]] = {}
+        self.complete: list[list[Episode]] = []
+        self.cond = threading.Condition()
+        self.error: BaseException | None = None
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="omrl-stream", daemon=True)
+        self.thread.start()
+
+    def submit(self, groups: Sequence[Sequence[Mapping[str, Any]]]) -> None:
+        """Groups to play: each a list of tasks sharing one ``group_id``."""
+        for g in groups:
+            self.inbox.put(list(g))
+
+    def take(self, max_wait_s: float) -> dict[str, Any]:
+        """The groups completed since the last call (waiting up to ``max_wait_s`` for one) and the runner's time
+        counters since then: ``{"groups": [[Episode, ...], ...], "stats": {...}}``."""
+        with self.cond:
+            if not self.complete and self.error is None:
+                self.cond.wait(max_wait_s)
+            if self.error is not None:
+                raise RuntimeError(f"the rollout stream stopped: {self.error!r}") from self.error
+            groups, self.complete = self.complete, []
+            stats = dict(self.runner.stats)
+            for k in stats:
+                self.runner.stats[k] = 0 if isinstance(stats[k], int) else 0.0
+        return {"groups": groups, "stats": stats}
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=30)
+        self.runner.close()
+
+    def _run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                while True:
+                    try:
+                        group = self.inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    self.expected[group[0]["group_id"]] = len(group)
+                    self.runner.add(group)
+                if not self.runner.busy:
+                    time.sleep(0.005)
+                    continue
+                for ep in self.runner.advance(max_wait_s=0.02):
+                    gid = ep.group_id
+                    eps = self.partial.setdefault(gid, [])
+                    eps.append(ep)
+                    if len(eps) == self.expected[gid]:
+                        del self.partial[gid], self.expected[gid]
+                        with self.cond:
+                            self.complete.append(eps)
+                            self.cond.notify_all()
+        except BaseException as exc:  # noqa: BLE001  (surfaced at the driver's next take)
+            with self.cond:
+                self.error = exc
+                self.cond.notify_all()
+
+
+# ---------------------------------------------------------------------------------------------- driver side
+class _Group:
+    __slots__ = ("gid", "tasks", "admitted", "rank", "episodes")
+
+    def __init__(self, gid: str, tasks: list[dict], admitted: int, rank: int):
+        self.gid, self.tasks, self.admitted, self.rank = gid, tasks, admitted, rank
+        self.episodes: list[Episode] = []
+
+
+class GroupStream:
+    """The driver's side of the stream (see the module doc).
+
+    ``actor``: the actor worker group (methods ``stream_start``, ``stream_submit``, ``stream_take``,
+    ``stream_stop``); ``next_tasks()``: the next batch of task rows (the trainer's sampler; each row becomes one
+    group of ``n``); ``batch_groups``: B; ``accept(episodes) -> bool``: the dynamic-sampling filter (None: keep
+    every group); ``max_extra_groups``: how many rejected groups one step may replace before it trains on fewer.
+    """
+
+    def __init__(self, actor: Any, cfg: RolloutConfig, next_tasks: Callable[[], list[dict]], batch_groups: int,
+                 accept: Callable[[list[Episode]], bool] | None = None, max_extra_groups: int = 0,
+                 expand: Callable[[list[dict], int], list[dict]] | None = None):
+        from openmanus_rl_core.rollout.tasks import expand_tasks
+
+        self.actor = actor
+        self.cfg = cfg
+        self.eta = int(cfg.max_staleness or 0)
+        self.wait = cfg.stale_policy == "wait"
+        self.next_tasks = next_tasks
+        self.B = int(batch_groups)
+        self.n = int(cfg.n)
+        self.accept = accept
+        self.max_extra_groups = int(max_extra_groups)
+        self.expand = expand or expand_tasks
+        self.admission = Admission(self.B, self.eta)
+        self.queue: list[dict] = []  # task rows drawn from the sampler, not yet admitted
+        self.running: dict[str, _Group] = {}
+        self.ready: list[_Group] = []
+        self.counter = 0
+        self.started = False
+
+    # ---------------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the task rows of every group admitted but not yet trained (they are played
+        again from their start after a resume), then those drawn but not admitted, and the id counter."""
+        groups = sorted([*self.running.values(), *self.ready], key=lambda g: g.admitted)
+        rows = [{k: v for k, v in g.tasks[0].items() if k not in ("group_id", "sample_index")} for g in groups]
+        return {"queue": rows + list(self.queue), "counter": self.counter}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.queue = [dict(t) for t in state.get("queue", [])]
+        self.counter = int(state.get("counter", 0))
+
+    # ------------------------------------------------------------------------------------------------ step
+    def next_batch(self, version: int, metrics: dict[str, float]) -> list[Episode]:
+        """The episodes of the groups to train at policy version ``version`` (optimizer steps completed)."""
+        if not self.started:
+            self.actor.call("stream_start")
+            self.started = True
+        adm = self.admission
+        adm.version = version
+        stats: Counter = Counter()
+        filtered = dropped = extra = 0
+        generated_turns: list[int] = []
+        t0 = time.perf_counter()
+        while True:
+            extra_left = self.max_extra_groups - extra
+            self._admit(version, extra_left > 0 or filtered == 0)
+            for rank_out in self.actor.call("stream_take", max_wait_s=0.05):
+                stats.update(rank_out["stats"])
+                for eps in rank_out["groups"]:
+                    g = self.running.pop(eps[0].group_id)
+                    g.episodes = eps
+                    generated_turns += [e.trajectory.num_turns for e in eps]
+                    if self.accept is not None and not self.accept(eps):
+                        adm.finish(accepted=False)
+                        filtered += 1
+                        extra += 1
+                        continue
+                    adm.finish(accepted=True)
+                    self.ready.append(g)
+            if not self.wait:
+                keep = [g for g in self.ready if self._staleness(g, version) <= self.eta]
+                dropped += len(self.ready) - len(keep)
+                self.ready = keep
+            must_wait = self.wait and any(g.admitted <= version - self.eta for g in self.running.values())
+            if not must_wait and len(self.ready) >= self.B:
+                break
+            if not must_wait and not self.running and extra >= self.max_extra_groups and self.ready \
+                    and filtered:  # the refill is used up: train on what was accepted
+                break
+        # Oldest first; every group that would be too stale next step goes now.
+        self.ready.sort(key=lambda g: (g.admitted, g.gid))
+        urgent = sum(1 for g in self.ready if self._staleness(g, version) >= self.eta)
+        take, self.ready = self.ready[:max(self.B, urgent)], self.ready[max(self.B, urgent):]
+        batch = [g for g in take if self._staleness(g, version) <= self.eta]  # the last check before training
+        dropped += len(take) - len(batch)
+        adm.consume(len(take))
+        episodes = [e for g in batch for e in g.episodes]
+        metrics.update(self._metrics(batch, version, stats, filtered, dropped, generated_turns,
+                                     oversize=float(len(take) > self.B), wait_s=time.perf_counter() - t0))
+        return episodes
+
+    def close(self) -> None:
+        if self.started:
+            self.actor.call("stream_stop")
+            self.started = False
+
+    # ----------------------------------------------------------------------------------------------- parts
+    def _admit(self, version: int, allowed: bool) -> None:
+        if not allowed:
+            return
+        per_rank: list[list[list[dict]]] = [[] for _ in range(self.actor.size)]
+        load = Counter(g.rank for g in self.running.values())
+        while self.admission.can_admit():
+            if not self.queue:
+                self.queue = list(self.next_tasks())
+            row = self.queue.pop(0)
+            gid = f"s{self.counter}"
+            self.counter += 1
+            tasks = self.expand([dict(row, group_id=gid)], self.n)
+            rank = min(range(self.actor.size), key=lambda r: (load[r], r))
+            load[rank] += 1
+            self.running[gid] = _Group(gid, tasks, version, rank)
+            per_rank[rank].append(tasks)
+            self.admission.start()
+        if any(per_rank):
+            self.actor.call_each("stream_submit", [(groups,) for groups in per_rank])
+
+    @staticmethod
+    def _staleness(g: _Group, version: int) -> int:
+        return group_staleness([e.versions for e in g.episodes], version)
+
+    def _metrics(self, batch: list[_Group], version: int, stats: Mapping[str, float], filtered: int, dropped: int,
+                 generated_turns: list[int], oversize: float, wait_s: float) -> dict[str, float]:
+        stale = [self._staleness(g, version) for g in batch for _ in g.episodes]
+        lags: Counter = Counter(version - v for g in batch for e in g.episodes for v in e.versions if v >= 0)
+        tokens = sum(lags.values()) or 1
+        trained_turns = [e.trajectory.num_turns for g in batch for e in g.episodes]
+        out = {
+            "stream/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
+            "stream/staleness_max": float(max(stale, default=0)),
+            "stream/filtered": float(filtered),
+            "stream/dropped": float(dropped),
+            "stream/oversize": oversize,
+            "stream/groups": float(len(batch)),
+            "stream/running": float(len(self.running)),
+            "stream/trained_turns": sum(trained_turns) / len(trained_turns) if trained_turns else 0.0,
+            "stream/generated_turns": (sum(generated_turns) / len(generated_turns) if generated_turns else 0.0),
+            "timing/stream_wait": wait_s,
+            "timing/env_wait": float(stats.get("env_wait_s", 0.0)),
+            "timing/generate": float(stats.get("gen_s", 0.0)),
+        }
+        for k in range(self.eta + 1):
+            out[f"stream/staleness_share/{k}"] = sum(1 for s in stale if s == k) / len(stale) if stale else 0.0
+            out[f"stream/token_share/{k}"] = lags.get(k, 0) / tokens
+        return out
