@@ -19,7 +19,7 @@ No trained sample is staler than η. ``rollout.stale_policy``:
   ``<= v - η`` (next step it would be too stale) and trains the oldest groups first. Long episodes are never thrown
   away, so the trained batch is not biased toward short ones; the price is a wait when a straggler is that old. In
   the rare case that more than B groups must go now, the step trains them all (``stream/oversize`` counts it).
-- ``drop``: never waits; a complete group staler than η is discarded (``stream/dropped``). Faster under long tails,
+- ``drop``: never waits; a complete group staler than η is discarded (``rollout/groups_dropped``). Faster under long tails,
   but long episodes are the ones dropped: compare ``stream/trained_turns`` with ``stream/generated_turns``.
 
 Either way a group is checked once more right before training, and one staler than η is dropped, never trained.
@@ -141,7 +141,7 @@ class GroupStream:
 
     ``actor``: the actor worker group (methods ``stream_start``, ``stream_submit``, ``stream_take``,
     ``stream_stop``); ``next_tasks()``: the next batch of task rows (the trainer's sampler; each row becomes one
-    group of ``n``); ``batch_groups``: B; ``accept(episodes) -> bool``: the dynamic-sampling filter (None: keep
+    group of ``n``); ``batch_groups``: B; ``accept(trajectories) -> bool``: the dynamic-sampling filter (None: keep
     every group); ``max_extra_groups``: how many rejected groups one step may replace before it trains on fewer.
     """
 
@@ -200,7 +200,7 @@ class GroupStream:
                     g = self.running.pop(eps[0].group_id)
                     g.episodes = eps
                     generated_turns += [e.trajectory.num_turns for e in eps]
-                    if self.accept is not None and not self.accept(eps):
+                    if self.accept is not None and not self.accept([e.trajectory for e in eps]):
                         adm.finish(accepted=False)
                         filtered += 1
                         extra += 1
@@ -268,8 +268,8 @@ class GroupStream:
         out = {
             "stream/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
             "stream/staleness_max": float(max(stale, default=0)),
-            "stream/filtered": float(filtered),
-            "stream/dropped": float(dropped),
+            "rollout/groups_filtered": float(filtered),
+            "rollout/groups_dropped": float(dropped),
             "stream/oversize": oversize,
             "stream/groups": float(len(batch)),
             "stream/running": float(len(self.running)),
