@@ -2,9 +2,10 @@
 
     python bench/async.py [--repeats 3] [--steps 6] [--rows a,b,c,d,e] [--json out.json] [hydra overrides ...]
 
-Every row is ``openmanus-rl train`` in a fresh process, on the embedded default's model behind the ``latency`` env
-(key_door, each step waiting a seeded lognormal time: median 50 ms, sigma 1.2), 16 tasks x 8 samples = 128
-episodes per step, a short supervised warm-up (so replies and episode lengths are those of a learning policy), no
+First the embedded default's model is warmed up once on key_door's demonstrations (60 supervised steps, so replies
+and episode lengths are those of a learning policy) and exported. Every row is then ``openmanus-rl train`` of that
+folder in a fresh process (``actor.lr`` as the tiny model's recipe), behind the ``latency`` env (key_door, each
+step waiting a seeded lognormal time: median 50 ms, sigma 1.2), 16 tasks x 8 samples = 128 episodes per step, no
 validation. Rows:
 
 - (a) ``rollout.mode=lockstep``: today's loop, each turn waits for its slowest env call;
@@ -41,18 +42,31 @@ ROWS = {
     "d": ("(d) stream, eta=2", ["rollout.max_staleness=2"]),
     "e": ("(e) stream, eta=4", ["rollout.max_staleness=4"]),
 }
-COMMON = ["env=latency", "data.train_batch_size=16", "rollout.n=8", "warmup.steps=60", "trainer.val_freq=0",
-          "trainer.val_before_train=false", "trainer.val_at_end=false", "warmup.validate=false",
-          "trainer.progress=false", "trainer.save_freq=0"]
+QUIET = ["trainer.val_freq=0", "trainer.val_before_train=false", "trainer.val_at_end=false", "trainer.progress=false",
+         "trainer.save_freq=0"]
+COMMON = ["env=latency", "data.train_batch_size=16", "rollout.n=8", "actor.lr=0.0005", *QUIET]
 
 
-def run_row(overrides: list[str], steps: int, out_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "openmanus_rl_core.cli", "train", *COMMON, f"trainer.total_steps={steps}",
-           f"trainer.output_dir={out_dir}", *overrides]
-    load_before = os.getloadavg()[0]
+def cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "openmanus_rl_core.cli", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return proc
+
+
+def warmed_model(tmp: Path) -> Path:
+    """The embedded default's model after 60 warm-up steps on key_door, as a Hugging Face folder."""
+    run = tmp / "warm-run"
+    cli("train", "env=key_door", "warmup.steps=60", "warmup.validate=false", "trainer.total_steps=1",
+        f"trainer.run_dir={run}", *QUIET)
+    cli("export", f"trainer.checkpoint={run}", f"export.dir={tmp / 'warm'}")
+    return tmp / "warm"
+
+
+def run_row(overrides: list[str], steps: int, out_dir: Path) -> dict:
+    load_before = os.getloadavg()[0]
+    cli("train", *COMMON, f"trainer.total_steps={steps}", f"trainer.output_dir={out_dir}", *overrides)
     metrics = next(out_dir.rglob("metrics.jsonl"))
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     steps_rows = [r for r in rows if r.get("step", 0) >= 2 and "timing/step" in r]
@@ -76,6 +90,7 @@ def main() -> None:
     args, extra = p.parse_known_args()
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        extra = [f"model.path={warmed_model(Path(tmp))}", *extra]
         for rep in range(args.repeats):  # rows interleaved: a slow minute hurts every row alike
             for key in args.rows.split(","):
                 name, overrides = ROWS[key]

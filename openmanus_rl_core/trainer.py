@@ -33,6 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from openmanus_rl_core.algorithms.correction import correction_on
 from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter
 from openmanus_rl_core.config import check
 from openmanus_rl_core.protocols import TERMINATIONS
@@ -178,9 +179,8 @@ class Trainer:
         # Old log-probs of the PPO ratio: auto (recomputed by the actor only when the update is off-policy within
         # a step), true (always recomputed), false (never), rollout (the engine's sampling log-probs).
         self.old_log_probs_mode = self.algo.recompute_old_log_probs
-        # Off-policy correction (algorithms/correction.py): the engine's log-probs are the behaviour policy.
-        stream = cfg.rollout.max_staleness is not None
-        self.correct = self.algo.rollout_correction == "tis" or (self.algo.rollout_correction == "auto" and stream)
+        # Off-policy correction in the actor's update (algorithms/correction.py): it needs the engine's log-probs.
+        self.correct = correction_on(cfg)
         fg = self.algo.filter_groups
         self.group_filter = GroupFilter(self.composer, fg.metric) if fg.enabled else None
         self.max_extra_groups = cfg.data.train_batch_size if fg.max_extra_groups is None else fg.max_extra_groups
@@ -295,7 +295,6 @@ class Trainer:
             self.phase_log_probs(batch, metrics)
             self.phase_values(batch)
             self.phase_advantages(batch, metrics)
-            self.phase_correction(batch, metrics)
             self.phase_update_critic(batch, step, metrics)
             if step > self.cfg.critic.warmup_steps:  # the actor waits while a fresh critic learns
                 self.phase_update_actor(batch, step, metrics)
@@ -403,7 +402,7 @@ class Trainer:
         mini = self.cfg.actor.ppo_mini_batch_size
         multi = self.cfg.actor.ppo_epochs > 1 or (mini is not None and mini < len(batch))
         with_ref = algo.use_kl_in_reward or algo.use_kl_loss
-        need_old = mode == "true" or (mode == "auto" and multi) or algo.use_kl_in_reward or self.correct
+        need_old = mode == "true" or (mode == "auto" and multi) or algo.use_kl_in_reward
         if mode == "rollout":
             batch["old_log_probs"] = batch["rollout_log_probs"]
         elif need_old or with_ref:
@@ -459,18 +458,6 @@ class Trainer:
             zero = ((advantages.abs() * m).sum(-1) == 0) & rows
             metrics["train/zero_adv_frac"] = float(zero.sum()) / float(rows.sum())
 
-    def phase_correction(self, batch, metrics: dict[str, float]) -> None:
-        """Decoupled PPO with truncated importance sampling (``algorithm.rollout_correction``): each token's
-        advantage times ``min(pi_old / pi_engine, tis_cap)`` (algorithms/correction.py)."""
-        from openmanus_rl_core.algorithms.correction import truncated_is_weights
-
-        if not self.correct:
-            return
-        w, cm = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
-                                     self.algo.tis_cap)
-        batch["advantages"] = batch["advantages"] * w
-        metrics.update(cm)
-
     def phase_update_critic(self, batch, step: int, metrics: dict[str, float]) -> None:
         """The critic's update on ``values`` and ``returns`` (only with a critic)."""
         from openmanus_rl_core.distributed.sharding import shard_batch
@@ -487,7 +474,8 @@ class Trainer:
         from openmanus_rl_core.distributed.sharding import shard_batch
 
         shards, _ = shard_batch(batch, self.actor.size)
-        keys = [*LEAN_KEYS, "advantages", *(k for k in ("old_log_probs", "ref_log_probs") if k in batch)]
+        keys = [*LEAN_KEYS, "advantages", *(k for k in ("old_log_probs", "ref_log_probs") if k in batch),
+                *(["rollout_log_probs"] if self.correct else [])]
         with self.timer("update_actor"):
             ams = self.actor.call_each("update", [(s.select(keys), step) for s in shards])
         metrics.update(_avg(ams))

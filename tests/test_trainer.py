@@ -471,3 +471,37 @@ def test_an_unknown_old_log_probs_mode_is_an_error_naming_the_value(tmp_path):
                                           r"false, rollout$"):
         Trainer(cfg)
     assert not (tmp_path / "run").exists()  # failed before the run directory was made
+
+@pytest.mark.slow
+def test_a_stream_run_killed_with_sigkill_resumes_and_keeps_every_metric_before_the_kill(tmp_path, cli_env):
+    """The group stream (eta=1, episodes on their own, behind a latency env) killed with kill -9 once step 2's
+    checkpoint exists; resume=auto finishes the run. Groups in flight at the save are played again (the stream
+    is not deterministic across runs, so the steps after the checkpoint are new), and every line logged up to the
+    checkpoint stays byte for byte."""
+    run = tmp_path / "stream"
+    stream = ["env=latency", "env.kwargs.median_ms=5", "rollout.max_staleness=1"]
+    proc = subprocess.Popen(_cli(run, stream), env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    marker = run / "checkpoints" / "step_000002" / "COMPLETE"
+    deadline = time.time() + 600
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    before = [line for line in (run / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 2]
+    import torch
+
+    # The checkpoint keeps the task rows of the groups admitted but not trained: they are played again.
+    saved = torch.load(run / "checkpoints" / "step_000002" / "stream.pt", weights_only=True)
+    assert len(saved["queue"]) >= 4 and all("task_id" in row for row in saved["queue"])
+
+    out = subprocess.run(_cli(run, [*stream, "trainer.resume=auto"]), env=cli_env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4, 5]  # no step twice, none missing
+    assert lines[:len(before)] == before
+    for r in records[1:]:
+        assert r["stream/staleness_max"] <= 1 and r["stream/groups"] == 4
