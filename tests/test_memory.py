@@ -194,3 +194,64 @@ def test_a_think_dropping_chat_template_keeps_each_turns_log_probs_exact():
         logp, _ = sequence_logprobs(model, batch, 1.0)
     diff = ((logp - batch["rollout_log_probs"]).abs() * batch["response_mask"]).amax(-1)
     assert len(diff) == 16 and float(diff.max()) <= 1e-5
+
+
+class RelayRunner:
+    """Says the word the newest station shows (``<action>say W</action>``), so every turn moves the runner on and
+    every observation differs."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def generate(self, prompts, params):
+        from openmanus_rl_core.protocols import Generation
+
+        out = []
+        for p in prompts:
+            word = self.tok.decode(p).rpartition("shows the word: ")[2].split(".")[0].strip()
+            ids = self.tok.encode(f"<action>say {word}</action>", add_special_tokens=False) + [self.tok.eos_token_id]
+            assert len(ids) <= params.max_new_tokens
+            out.append(Generation(ids, [-0.1] * len(ids), f"<action>say {word}</action>", "stop"))
+        return out
+
+
+@pytest.mark.parametrize("name, kwargs", [("window", {"window": 2}), ("summary", {"window": 1, "max_chars": 200})])
+def test_with_a_per_turn_memory_each_turns_anchor_is_the_observation_it_acted_on(relay_parts, name, kwargs):
+    from openmanus_rl_env_text.relay import RelayEnv
+
+    _, tok, template, _ = relay_parts
+    cfg = RolloutConfig(max_turns=5, max_new_tokens=24, max_sample_tokens=1024)
+    loop = AgentLoop(RelayRunner(tok), tok, template, lambda: RelayEnv(length=8, padding=1, num_tasks=10), cfg,
+                     memory=memory(name, **kwargs))
+    (ep,) = loop.run([{"task_id": 3, "seed": 0}])
+    turns = ep.trajectory.turns
+    assert len(turns) == 5 and all(t.reward == pytest.approx(1 / 8) for t in turns)  # every turn moved on
+    assert ep.anchor_obs == [ep.trajectory.initial_observation] + [t.observation for t in turns[:-1]]
+    assert [f"Station {k + 1} of 8." in a for k, a in enumerate(ep.anchor_obs)] == [True] * 5
+    # Each turn's context ends with the observation it acted on (its station's word), which is its anchor.
+    for k, context in enumerate(ep.contexts):
+        word = ep.anchor_obs[k].rpartition("shows the word: ")[2].rstrip(".")
+        assert tok.decode(context).rpartition("shows the word: ")[2].startswith(word)
+        assert turns[k].action.content == f"say {word}"
+
+
+@pytest.mark.parametrize("name, kwargs", [("window", {"window": 8}), ("summary", {"window": 6, "max_chars": 400})])
+def test_every_turn_sample_fits_max_sample_tokens_even_when_history_must_be_dropped(relay_parts, name, kwargs):
+    from openmanus_rl_env_text.relay import RelayEnv
+
+    _, tok, template, _ = relay_parts
+    budget, new = 420, 24
+    cfg = RolloutConfig(max_turns=12, max_new_tokens=new, max_sample_tokens=budget)
+    loop = AgentLoop(RelayRunner(tok), tok, template, lambda: RelayEnv(length=20, padding=3, num_tasks=10), cfg,
+                     memory=memory(name, **kwargs))
+    (ep,) = loop.run([{"task_id": 1, "seed": 0}])
+    info = ep.trajectory.info
+    assert ep.trajectory.num_turns == 12 and info.get("context_turns_dropped", 0) > 0  # history was dropped
+    assert "context_truncated" not in info and not ep.truncated
+    for k, context in enumerate(ep.contexts):
+        start, end = ep.trajectory.turns[k].span
+        assert len(context) + new <= budget and len(context) + (end - start) <= budget
+    # The longest context came close to the budget: dropping kept as much history as fits, not less.
+    assert max(map(len, ep.contexts)) > budget - new - 120
+    batch = build_batch([ep], None, build("allocator", {"name": "last_token", "kwargs": {}}), tok.pad_token_id)
+    assert int(batch["attention_mask"].sum(-1).max()) <= budget
