@@ -31,7 +31,7 @@ def test_plugins_json_lists_kind_name_distribution_version(cli_env):
     gae = [r for r in rows if r["kind"] == "advantage" and r["name"] == "gae"]
     assert gae == [{
         "kind": "advantage", "name": "gae", "distribution": "openmanus-rl-core", "version": gae[0]["version"],
-        "value": "openmanus_rl_core.algorithms.advantages:gae_estimator", "status": "ok", "error": None,
+        "value": "openmanus_rl_core.algorithms.estimators:gae_estimator", "status": "ok", "error": None,
     }]
 
 
