@@ -256,10 +256,23 @@ def check_reward_file(label: str, spec: Mapping[str, Any]) -> None:
     except SyntaxError as exc:
         raise RewardFileError(f"reward {label!r}: {path} line {exc.lineno}: {exc.msg}") from None
     defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    assigned = [t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)]
-    if function not in defined + assigned:
+    if function not in defined + _bound_names(tree):
         raise RewardFileError(f"reward {label!r}: {path} defines no function {function!r} (its functions: "
                               f"{', '.join(defined) or 'none'}); set function=<name>")
+
+
+def _bound_names(tree: ast.Module) -> list[str]:
+    """Names a module binds at its top level other than by ``def``: ``f = g``, ``f: T = g``, ``a, f = ...``,
+    ``from m import g as f``, ``import f``."""
+    names: list[str] = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else [])
+        for target in targets:
+            names += [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names += [(a.asname or a.name).split(".")[0] for a in node.names]
+    return names
 
 
 def load_reward_file(label: str, spec: Mapping[str, Any]) -> Callable[..., Any]:
