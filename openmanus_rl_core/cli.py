@@ -137,7 +137,14 @@ def _job(command: str, args: argparse.Namespace) -> int:
     from openmanus_rl_core.config import check, compose, to_yaml
     from openmanus_rl_core.models import check_model
 
-    cfg = compose(list(args.overrides))
+    overrides = list(args.overrides)
+    check_command_keys(command, overrides)
+    cfg = compose(overrides)
+    changes = None
+    if command == "train":  # a resumed run continues its own settings, the command line's changes on top
+        from openmanus_rl_core.resume_config import describe_changes, resumed_config
+
+        cfg, changes = resumed_config(cfg, overrides, plain=lambda: compose([]))
     if args.cfg:
         print(to_yaml(cfg), end="")
         return 0
@@ -146,8 +153,35 @@ def _job(command: str, args: argparse.Namespace) -> int:
     module, func = JOBS[command].split(":")
     job = getattr(importlib.import_module(module), func)
     # eval, rollout and export take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
-    kwargs = {"overrides": list(args.overrides)} if command in FROM_RUN_COMMANDS else {}
+    kwargs = {"overrides": overrides} if command in FROM_RUN_COMMANDS else {}
+    if changes:
+        print(describe_changes(changes), flush=True)
+        kwargs = {"changes": changes}
     return int(job(typed, **kwargs) or 0)
+
+
+def check_command_keys(command: str, overrides: Sequence[str]) -> None:
+    """A key set on the command line that ``command`` never reads (the schema field's ``commands``) is refused,
+    naming the commands that read it."""
+    import dataclasses
+
+    from openmanus_rl_core.schema import Config
+
+    verb = command.split()[0]
+    for o in overrides:
+        key, sep, value = o.lstrip("+~").partition("=")
+        node: object = Config
+        for part in key.split("."):
+            field = {f.name: f for f in dataclasses.fields(node)}.get(part) if dataclasses.is_dataclass(node) else None
+            if field is None:
+                break
+            readers = field.metadata.get("commands")
+            if readers and verb not in readers:
+                instead = (field.metadata.get("instead") or {}).get(verb)
+                raise ConfigError(f"{key}={value}: {key} is read by {' and '.join(', '.join(readers).rsplit(', ', 1))}"
+                                  f", not by {verb}" + (f"; {instead}" if instead else ""))
+            default = field.default_factory() if field.default_factory is not dataclasses.MISSING else None
+            node = type(default) if dataclasses.is_dataclass(default) else None
 
 
 def _config_doc(args: argparse.Namespace) -> int:

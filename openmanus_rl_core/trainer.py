@@ -138,7 +138,8 @@ class Trainer:
         self.run_dir = make_run_dir(cfg)
         self.log(recipe_line(cfg))
         self.resume_path, self._resume_state = resume_point(self.run_dir, cfg.trainer.resume, self.log)
-        (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+        if self.resume_path is None or not (self.run_dir / "config.json").exists():  # a resume keeps the record
+            (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         self.pm = make_plugin_manager()
 
         # The env's servers: checked (or started, by this process only) before any model or tokenizer is built.

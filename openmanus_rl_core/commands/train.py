@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Mapping
 
+from openmanus_rl_core.checkpoint import step_of
+from openmanus_rl_core.resume_config import record_changes
 from openmanus_rl_core.trainer import Trainer
 
 
-def train(cfg: Any) -> int:
-    """``openmanus-rl train``: run the fit loop; prints the run directory first and a summary at the end."""
+def train(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None) -> int:
+    """``openmanus-rl train``: run the fit loop; prints the run directory first and a summary at the end.
+    ``changes``: the keys a resume changes (:mod:`openmanus_rl_core.resume_config`), recorded in the run's config
+    history with the step they take effect in."""
     trainer = Trainer(cfg)
     try:
         trainer.setup()
+        if changes and trainer.resume_path is not None:
+            record_changes(trainer.run_dir, step_of(trainer.resume_path) + 1, changes)
         final = trainer.fit()
     finally:
         trainer.shutdown()
