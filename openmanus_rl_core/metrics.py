@@ -220,11 +220,17 @@ class ProgressBar:
     """
 
     def __init__(self, total: int, initial: int = 0, desc: str = "train", reward_key: str = "train/reward_mean",
-                 success_key: str = "train/success_rate", file=None, disable: bool | None = False):
+                 success_key: str = "train/success_rate", file=None, disable: bool | None = False,
+                 log_path: str | Path | None = None, lines=None):
         from tqdm.auto import tqdm
 
         self.reward_key, self.success_key = reward_key, success_key
+        self.total = int(total)
         self._file = file or sys.stderr
+        # Without the bar, one line per step on ``lines`` (stdout); with ``log_path``, the same lines in a text log
+        # a person can read later (appended: a resumed run goes on in the same file).
+        self._lines = (lines or sys.stdout) if disable else None
+        self._log = open(log_path, "a") if log_path is not None else None
         self.bar = tqdm(total=int(total), initial=int(initial), desc=desc, file=self._file,
                         dynamic_ncols=True, disable=disable, unit="step")
         self._step = int(initial)
@@ -247,6 +253,24 @@ class ProgressBar:
         self.bar.set_postfix(parts, refresh=False)
         self.bar.update(max(0, int(step) - self._step))
         self._step = max(self._step, int(step))
+        line = self.step_line(step, metrics)
+        for out in (self._lines, self._log):
+            if out is not None:
+                print(line, file=out, flush=True)
+
+    def step_line(self, step: int, metrics: Mapping[str, Any]) -> str:
+        """``step 3/60: reward 0.512, success 0.500, val reward 0.625 success 0.625, 1.42s`` (val only when this
+        step validated)."""
+        def num(key: str) -> str:
+            v = metrics.get(key)
+            return "n/a" if v is None else f"{float(v):.3f}"
+
+        line = f"step {int(step)}/{self.total}: reward {num(self.reward_key)}, success {num(self.success_key)}"
+        if metrics.get("val/reward_mean") is not None:
+            line += f", val reward {num('val/reward_mean')} success {num('val/success_rate')}"
+        if metrics.get("timing/step") is not None:
+            line += f", {float(metrics['timing/step']):.2f}s"
+        return line
 
     def write(self, message: str) -> None:
         """Print a line without breaking the bar."""
@@ -254,6 +278,9 @@ class ProgressBar:
 
     def close(self) -> None:
         self.bar.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def __enter__(self) -> "ProgressBar":
         return self

@@ -29,8 +29,8 @@ HISTORY_FILE = "config_history.jsonl"
 RECORD_FILE = "config.json"
 
 # Keys a checkpoint depends on: its weights' shape, its tokenizer, the tasks it trained on, its worker layout.
-FIXED_ON_RESUME = ("seed", "data.seed", "data.train_files", "data.val_files", "env.name", "env.kwargs",
-                   "env.train_tasks", "env.val_tasks", "env.num_tasks", "model.path", "model.tiny",
+FIXED_ON_RESUME = ("env.name", "env.kwargs", "env.train_tasks", "env.val_tasks", "env.num_tasks", "seed",
+                   "data.seed", "data.train_files", "data.val_files", "model.path", "model.tiny",
                    "model.corpus_tasks", "model.lora.enabled", "model.lora.r", "model.lora.target_modules",
                    "algorithm.use_critic", "trainer.num_workers")
 # Keys that say where and how to resume: never a change of the experiment.
@@ -118,15 +118,25 @@ def resumed_config(cfg: DictConfig, overrides: Sequence[str], plain: Callable[[]
         merged.pop(k, None)
         if k in cli:
             merged[k] = cli[k]
-    changes = {k: (saved.get(k), merged.get(k)) for k in sorted(set(saved) | set(merged))
+    changes = {k: (_value_at(saved, k), _value_at(merged, k)) for k in sorted(set(saved) | set(merged))
                if saved.get(k, KeyError) != merged.get(k, KeyError) and not _under(k, _NOT_SETTINGS)}
-    for k, (old, new) in changes.items():
-        if _under(k, FIXED_ON_RESUME):
+    for fixed in FIXED_ON_RESUME:  # in the order of that tuple: the env's name before its kwargs
+        k = next((k for k in changes if _under(k, [fixed])), None)
+        if k is not None:
+            old, new = changes[k]
             raise ConfigError(f"{k}={_show(new)}: the run in {run} was trained with {k}={_show(old)}, and its "
                               f"checkpoint cannot continue under another value; drop the override to continue "
                               f"the run, or start a new run (another trainer.run_dir)")
     node = OmegaConf.merge(_schema_node(), unflatten(merged))
     return node, changes
+
+
+def _value_at(flat: Mapping[str, Any], key: str) -> Any:
+    """The value at ``key``: a leaf, or the mapping of the leaves below it (None when there are none)."""
+    if key in flat:
+        return flat[key]
+    below = {k[len(key) + 1:]: v for k, v in flat.items() if k.startswith(key + ".")}
+    return unflatten(below) if below else None
 
 
 def _show(value: Any) -> str:

@@ -529,8 +529,10 @@ class Trainer:
     def fit(self) -> dict[str, float]:
         from openmanus_rl_core.metrics import LearningSignalWatch, MetricsLogger, ProgressBar, plot_rewards
         from openmanus_rl_core.distributed.worker_group import WorkerGroupError
+        from openmanus_rl_core.stopping import StopOnSignal
 
         tcfg = self.cfg.trainer
+        self.stop = StopOnSignal(self.log).install()  # SIGTERM / Ctrl-C: stop after the step, with a checkpoint
         self.skipped_steps = 0
         start_step = 0
         if self.resume_path is not None:
@@ -566,14 +568,14 @@ class Trainer:
                     first["time/elapsed_s"] = time.perf_counter() - self.t_start
                     self.metrics_logger.log(0, first)
                     last_val = {k: v for k, v in first.items() if k.startswith("val/")}
-            self.bar = ProgressBar(self.total_steps, initial=start_step,
-                                   disable=not tcfg.progress)
+            self.bar = ProgressBar(self.total_steps, initial=start_step, disable=not tcfg.progress,
+                                   log_path=self.run_dir / "train.log")
             self.log.bar = self.bar.bar
             ckpt_seconds = None
             restarts = 0
             signal_watch = LearningSignalWatch(tcfg.no_signal_warn_steps, warmup_hint=self.can_warm_up)
-            step = start_step + 1
-            while step <= self.total_steps:
+            step, saved_step = start_step + 1, start_step
+            while step <= self.total_steps and not self.stop.requested:
                 try:
                     metrics = self.train_step(step)
                     is_last = step == self.total_steps
@@ -597,16 +599,20 @@ class Trainer:
                         t0 = time.perf_counter()
                         self.save(step)
                         ckpt_seconds = time.perf_counter() - t0
+                        saved_step = step
                     step += 1
                 except WorkerGroupError as err:
                     restarts += 1
-                    step = self._restart_workers(err, restarts) + 1
-                    ckpt_seconds = None
+                    saved_step = self._restart_workers(err, restarts)
+                    step, ckpt_seconds = saved_step + 1, None
+            if self.stop.requested and step - 1 > saved_step:  # stopped by a signal: keep the steps done
+                self.save(step - 1)
             final = {**last, **last_val}
             if restarts:
                 final["train/worker_restarts"] = float(restarts)
             return final
         finally:
+            self.stop.restore()
             if self.stream is not None:
                 try:
                     self.stream.close()

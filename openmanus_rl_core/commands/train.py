@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any, Mapping
 
-from openmanus_rl_core.checkpoint import step_of
+from openmanus_rl_core.checkpoint import list_checkpoints, step_of
 from openmanus_rl_core.resume_config import record_changes
 from openmanus_rl_core.trainer import Trainer
 
@@ -23,6 +24,12 @@ def train(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None) -> int
     finally:
         trainer.shutdown()
     elapsed = time.perf_counter() - trainer.t_start
+    if trainer.stop.requested:  # SIGTERM / Ctrl-C: the steps done are in the newest checkpoint
+        ckpts = list_checkpoints(trainer.run_dir)
+        kept = f"steps up to {ckpts[-1][0]} are in {ckpts[-1][1]}" if ckpts else "no step completed"
+        print(f"stopped by {signal.Signals(trainer.stop.requested).name} after {elapsed:.0f}s; {kept}; continue "
+              f"with: openmanus-rl train trainer.run_dir={trainer.run_dir} trainer.resume=auto", flush=True)
+        return trainer.stop.exit_code
     val_r, val_s = final.get("val/reward_mean"), final.get("val/success_rate")
     summary = f"done: {trainer.total_steps} steps in {elapsed:.0f}s"
     if val_r is not None:
