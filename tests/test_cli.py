@@ -50,3 +50,17 @@ def test_cfg_job_prints_composed_config_with_overrides(cli_env):
                          env=cli_env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "seed: 7" in out.stdout.splitlines()
+
+
+def test_plugins_hooks_lists_the_hook_plugins_and_options_lists_each_config_option_with_its_package(cli_env):
+    hooks = subprocess.run(["openmanus-rl", "plugins", "hooks"], capture_output=True, text=True, env=cli_env,
+                           timeout=60)
+    assert hooks.returncode == 0, hooks.stderr
+    assert ["hooks", "tensorboard", "openmanus-rl-core"] in [line.split()[:3] for line in hooks.stdout.splitlines()]
+    assert {line.split()[0] for line in hooks.stdout.splitlines()[1:]} == {"hooks"}
+    out = subprocess.run(["openmanus-rl", "plugins", "options", "--json"], capture_output=True, text=True,
+                         env=cli_env, timeout=60)
+    rows = {r["name"]: r["distribution"] for r in json.loads(out.stdout)}
+    assert rows["env=textcraft"] == "openmanus-rl-env-textcraft" and rows["reward=process"] == "openmanus-rl-rewards"
+    assert rows["algorithm=ppo"] == "openmanus-rl-core"
+    assert rows["+experiment=babyai_goto"] == "openmanus-rl-env-babyai"  # a group outside the defaults list

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from typing import Any, Mapping
@@ -15,6 +16,10 @@ def train(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None) -> int
     """``openmanus-rl train``: run the fit loop; prints the run directory first and a summary at the end.
     ``changes``: the keys a resume changes (:mod:`openmanus_rl_core.resume_config`), recorded in the run's config
     history with the step they take effect in."""
+    if cfg.trainer.ray_address is None:
+        # A local Ray keeps token authentication on; said explicitly, Ray does not print its notice on every run.
+        # (Joining a cluster follows that cluster's setting.)
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     trainer = Trainer(cfg)
     try:
         trainer.setup()
