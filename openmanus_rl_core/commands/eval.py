@@ -70,8 +70,10 @@ def evaluate(cfg: Any, overrides: Sequence[str] = ()) -> int:
         "seconds": time.perf_counter() - t0,
         **{k: v for k, v in rmetrics.items() if k.endswith("/mean")},
     }
-    print(f"eval on {result['tasks']} {c.env.name} validation tasks: success rate {result['success_rate']:.3f}, "
-          f"mean reward {result['reward_mean']:.3f} ({result['seconds']:.1f}s)")
+    where = (ckpt.val_source if ckpt is not None and ckpt.val_source else
+             str(c.data.val_files) if c.data.val_files else f"generated (env.val_tasks={c.env.val_tasks}, seed={c.seed})")
+    print(f"eval on {result['tasks']} {c.env.name} validation tasks from {where}: success rate "
+          f"{result['success_rate']:.3f}, mean reward {result['reward_mean']:.3f} ({result['seconds']:.1f}s)")
     if c.trainer.eval_output:
         Path(c.trainer.eval_output).parent.mkdir(parents=True, exist_ok=True)
         Path(c.trainer.eval_output).write_text(json.dumps(result, indent=2))
