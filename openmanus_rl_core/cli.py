@@ -162,30 +162,47 @@ def _print_table(records: list[dict], as_json: bool, cols: list[str]) -> int:
     return 0
 
 
-def _job(command: str, args: argparse.Namespace) -> int:
-    from openmanus_rl_core.config import check, compose, to_yaml
-    from openmanus_rl_core.models import check_model
+def composed(command: str, overrides: Sequence[str]):
+    """``(config node, changes)`` as ``command`` sees ``overrides``: keys the command does not read are refused; a
+    resumed training run starts from its own settings (``changes``: what the overrides change of them)."""
+    from openmanus_rl_core.config import compose
 
-    overrides = list(args.overrides)
     check_command_keys(command, overrides)
     cfg = compose(overrides)
-    changes = None
     if command == "train":  # a resumed run continues its own settings, the command line's changes on top
-        from openmanus_rl_core.resume_config import describe_changes, resumed_config
+        from openmanus_rl_core.resume_config import resumed_config
 
-        cfg, changes = resumed_config(cfg, overrides, plain=lambda: compose([]))
-    if args.cfg:
-        print(to_yaml(cfg), end="")
-        return 0
-    typed = check(cfg, training=command == "train")  # before the job imports torch or starts anything
+        return resumed_config(cfg, overrides, plain=lambda: compose([]))
+    return cfg, {}
+
+
+def prepare(command: str, overrides: Sequence[str]):
+    """``(typed config, job kwargs)``: everything checked before the job imports torch or starts anything."""
+    from openmanus_rl_core.config import check
+    from openmanus_rl_core.models import check_model
+
+    cfg, changes = composed(command, overrides)
+    typed = check(cfg, training=command == "train")
     check_model(typed.model)  # a model or tokenizer that cannot work stops here, before Ray
-    module, func = JOBS[command].split(":")
-    job = getattr(importlib.import_module(module), func)
     # eval, rollout and export take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
-    kwargs = {"overrides": overrides} if command in FROM_RUN_COMMANDS else {}
+    kwargs: dict = {"overrides": list(overrides)} if command in FROM_RUN_COMMANDS else {}
     if changes:
+        from openmanus_rl_core.resume_config import describe_changes
+
         print(describe_changes(changes), flush=True)
         kwargs = {"changes": changes}
+    return typed, kwargs
+
+
+def _job(command: str, args: argparse.Namespace) -> int:
+    from openmanus_rl_core.config import to_yaml
+
+    if args.cfg:
+        print(to_yaml(composed(command, list(args.overrides))[0]), end="")
+        return 0
+    typed, kwargs = prepare(command, list(args.overrides))
+    module, func = JOBS[command].split(":")
+    job = getattr(importlib.import_module(module), func)
     return int(job(typed, **kwargs) or 0)
 
 

@@ -103,3 +103,20 @@ def test_a_real_resume_keeps_the_reward_prints_and_records_the_change_and_keeps_
     again = _run(["train", *SMALL, f"trainer.run_dir={run}", "trainer.resume=auto", "--cfg", "job"], cli_env)
     cfg = yaml.safe_load(again.stdout)
     assert cfg["actor"]["lr"] == 1e-4 and cfg["trainer"]["total_steps"] == 3
+
+
+def test_eval_from_a_run_takes_the_runs_validation_file_and_count(tmp_path):
+    from openmanus_rl_core.commands.from_run import _run_validation
+
+    run = tmp_path / "run"
+    (run / "data").mkdir(parents=True)
+    (run / "data" / "val.parquet").write_bytes(b"")
+    c = load(["env=textcraft"])
+    data, trainer, where = _run_validation(c, run / "checkpoints" / "step_000010",
+                                           {"data": {"val_files": None}, "trainer": {"val_max_tasks": 16}})
+    assert data.val_files == str(run / "data" / "val.parquet") and trainer.val_max_tasks == 16
+    assert where == f"the run's validation set ({run / 'data' / 'val.parquet'}, its first 16)"
+    data, trainer, where = _run_validation(c, run / "checkpoints" / "step_000010",
+                                           {"data": {"val_files": "/data/val.parquet"}, "trainer": {}})
+    assert (data.val_files, trainer.val_max_tasks, where) == (
+        "/data/val.parquet", None, "the run's validation set (/data/val.parquet)")

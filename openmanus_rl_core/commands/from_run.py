@@ -4,7 +4,7 @@ A checkpoint saves the whole typed config of its run (``meta.config``). Started 
 these commands take the run's env, template, reward, allocator, memory and model sections (with the env its
 ``rollout.max_turns``), except the sections the command line names (``env=word_copy``, ``model.dtype=bf16``,
 ...), and print which came from where. ``eval`` scores the run's own validation set (the same task file, the same
-``trainer.val_max_tasks``) unless the command line names ``data`` or ``trainer.val_max_tasks``. The policy is the run's model folder with the checkpoint's weights
+``trainer.val_max_tasks``) unless the command line names ``env``, ``data`` or ``trainer.val_max_tasks``. The policy is the run's model folder with the checkpoint's weights
 (LoRA adapters merged).
 """
 
@@ -38,10 +38,11 @@ def named_sections(overrides: Sequence[str]) -> set[str]:
     return {o.split("=", 1)[0].lstrip("+~").split(".")[0] for o in overrides if "=" in o}
 
 
-def adopt_run_config(c: Config, overrides: Sequence[str],
-                     log: Callable[[str], None] = print) -> tuple[Config, RunCheckpoint | None]:
+def adopt_run_config(c: Config, overrides: Sequence[str], log: Callable[[str], None] = print,
+                     run_validation: bool = False) -> tuple[Config, RunCheckpoint | None]:
     """``(config, checkpoint)``: ``c`` with the checkpoint's run settings in every section of :data:`FROM_RUN`
-    the overrides leave alone; ``(c, None)`` without ``trainer.checkpoint``."""
+    the overrides leave alone (with ``run_validation``, also the run's validation set while the env is the run's
+    own); ``(c, None)`` without ``trainer.checkpoint``."""
     from omegaconf import OmegaConf
 
     from openmanus_rl_core.checkpoint import open_checkpoint
@@ -61,7 +62,8 @@ def adopt_run_config(c: Config, overrides: Sequence[str],
     if "env" in taken and "rollout" not in named and "max_turns" in saved.get("rollout", {}):
         sections["rollout"] = dataclasses.replace(c.rollout, max_turns=saved["rollout"]["max_turns"])
     val_source = None
-    if "data" not in named and not any(o.lstrip("+~").startswith("trainer.val_max_tasks=") for o in overrides):
+    if run_validation and not named & {"data", "env"} and not any(
+            o.lstrip("+~").startswith("trainer.val_max_tasks=") for o in overrides):
         sections["data"], sections["trainer"], val_source = _run_validation(c, path, saved)
     c = check(dataclasses.replace(c, **sections), training=False)
     ckpt = RunCheckpoint(path=path, step=meta.get("step"), model_dir=meta.get("model_dir"), weights=state["model"],
