@@ -154,7 +154,8 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
 def reward_series(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, list, list, str, str | None]]:
     """What :func:`plot_rewards` draws: ``(label, steps, values, line style, marker)`` per curve.
 
-    ``train/reward_mean`` (line), ``val/reward_mean`` and ``val/success_rate`` (markers) by step. A warm-up is its
+    ``train/reward_mean`` (line), ``val/reward_mean`` and ``val/success_rate`` (markers) by step, then each reward
+    component's weighted mean (``train/reward/<label>/mean``, dotted). A warm-up is its
     own segment at step 0, from the untrained validation (``val/*`` at step 0) up to the validation after the
     warm-up (``warmup/val/*``), where the RL curves start: the plot credits the warm-up's gain to the warm-up.
     """
@@ -172,6 +173,13 @@ def reward_series(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, list,
             pts = [(0, after)] + [(x, y) for x, y in pts if x != 0]
         if pts:
             out.append((label, [x for x, _ in pts], [y for _, y in pts], style, marker))
+    # Each reward component's weighted contribution (train/reward/<label>/mean), thin and dotted under the totals.
+    components = sorted({k.split("/")[2] for r in records for k in r
+                         if k.startswith("train/reward/") and k.endswith("/mean") and k.count("/") == 3})
+    for label in components:
+        key = f"train/reward/{label}/mean"
+        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
+        out.append((f"train {label}", [x for x, _ in pts], [y for _, y in pts], ":", None))
     return out
 
 
@@ -201,7 +209,7 @@ def reward_figure(run_dir: str | os.PathLike):
         ax.plot(xs, ys, linestyle=style, marker=marker, markersize=4, label=label,
                 **({"color": "grey", "linewidth": 2} if warm else {}))
     if series:
-        ax.legend(loc="best")
+        ax.legend(loc="best", fontsize="small")
     else:
         ax.text(0.5, 0.5, "no reward metrics logged yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("step")
