@@ -417,11 +417,13 @@ class TaskSampler:
             self._order_epoch = epoch
         return self._order  # type: ignore[return-value]
 
-    def next_batch(self) -> list[dict]:
-        batch = []
-        while len(batch) < self.batch_size:
+    def next_batch(self, size: int | None = None) -> list[dict]:
+        """The next ``size`` rows (the batch size when None), across epochs."""
+        size = self.batch_size if size is None else int(size)
+        batch: list[dict] = []
+        while len(batch) < size:
             order = self.order(self.epoch)
-            take = min(self.batch_size - len(batch), len(order) - self.position)
+            take = min(size - len(batch), len(order) - self.position)
             batch.extend(dict(self.tasks[i]) for i in order[self.position:self.position + take])
             self.position += take
             if self.position >= len(order):

@@ -90,6 +90,18 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling: a group whose samples all score the same trains nothing (zero advantage); it is
+    dropped and another group is sampled in its place."""
+
+    enabled: bool = opt(False, "drop groups with no spread in `metric`, and sample others in their place")
+    metric: str = opt("reward", "what must vary within a group: reward (the composed total) or success",
+                      choices=("reward", "success"))
+    max_extra_groups: Optional[int] = opt(None, "most groups sampled in one step to replace dropped ones (null: "
+                                                "data.train_batch_size); past it the step trains on fewer", ge=0)
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantages, policy loss and KL (group ``algorithm``: grpo, ppo, gigpo)."""
 
@@ -110,6 +122,12 @@ class AlgorithmConfig:
         "auto", "old log-probs of the ratio: auto (recompute when the update is off-policy within a step), "
         "true (always), false (never), rollout (the engine's sampling log-probs)",
         choices=("auto", "true", "false", "rollout"))
+    rollout_correction: str = opt(
+        "auto", "off-policy correction with the engine's log-probs as the behaviour policy (docs/async.md): tis "
+        "(decoupled PPO, clip on the recomputed old log-probs, weight each token by min(pi_old/pi_engine, tis_cap)), "
+        "off, or auto (tis in the group stream, else off)", choices=("auto", "tis", "off"))
+    tis_cap: float = opt(2.0, "rollout_correction=tis: the cap of the per-token importance weight", ge=1)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     use_kl_in_reward: bool = opt(False, "subtract kl_ctrl.kl_coef * KL(policy || reference) from the rewards")
     kl_penalty: str = opt("k1", "KL estimator of the reward penalty", choices=("k1", "k2", "k3", "abs"))
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
@@ -195,9 +213,9 @@ class RolloutConfig:
     gen_wait_ms: float = opt(10.0, "mode=episodes: how long ready episodes wait for others before a generate call",
                              ge=0)
     max_staleness: Optional[int] = opt(None, "the group stream (docs/async.md): a trained sample's tokens are at most "
-                                             "this many optimizer steps old; groups keep running across steps "
-                                             "(needs mode=episodes; null: no stream, each step rolls out its own "
-                                             "batch)", ge=0)
+                                             "this many optimizer steps old; groups keep running across steps, "
+                                             "episodes on their own whatever `mode` says (null: no stream, each "
+                                             "step rolls out its own batch)", ge=0)
     stale_policy: str = opt("wait", "the stream, for a group that would be trained staler than max_staleness: wait "
                                     "(the step waits for it and trains it first: long episodes are never dropped) "
                                     "or drop (never waits; such groups are discarded and counted)",
@@ -401,12 +419,13 @@ def _rule_sample_budget(c: Config) -> str | None:
     return None
 
 
-def _rule_stream_mode(c: Config) -> str | None:
-    if c.rollout.max_staleness is not None and c.rollout.mode != "episodes":
-        return (f"rollout.max_staleness={c.rollout.max_staleness}: the group stream runs episodes on their own; "
-                f"set rollout.mode=episodes (or rollout.max_staleness=null)")
+def _rule_correction(c: Config) -> str | None:
+    if c.algorithm.rollout_correction == "tis" and c.algorithm.recompute_old_log_probs in ("false", "rollout"):
+        return (f"algorithm.recompute_old_log_probs={c.algorithm.recompute_old_log_probs}: "
+                f"algorithm.rollout_correction=tis weighs the engine's log-probs against recomputed ones; "
+                f"use recompute_old_log_probs=auto or true")
     return None
 
 
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
-RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_stream_mode)
+RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_correction)

@@ -33,6 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter
 from openmanus_rl_core.config import check
 from openmanus_rl_core.protocols import TERMINATIONS
 from openmanus_rl_core.schema import Config
@@ -178,6 +179,12 @@ class Trainer:
         # Old log-probs of the PPO ratio: auto (recomputed by the actor only when the update is off-policy within
         # a step), true (always recomputed), false (never), rollout (the engine's sampling log-probs).
         self.old_log_probs_mode = self.algo.recompute_old_log_probs
+        # Off-policy correction (algorithms/correction.py): the engine's log-probs are the behaviour policy.
+        stream = cfg.rollout.max_staleness is not None
+        self.correct = self.algo.rollout_correction == "tis" or (self.algo.rollout_correction == "auto" and stream)
+        fg = self.algo.filter_groups
+        self.group_filter = GroupFilter(self.composer, fg.metric) if fg.enabled else None
+        self.max_extra_groups = cfg.data.train_batch_size if fg.max_extra_groups is None else fg.max_extra_groups
         self.kl_ctrl = self._kl_controller()
 
         # The model every worker loads: a local HF folder, or the embedded tiny model built now.
@@ -289,6 +296,7 @@ class Trainer:
             self.phase_log_probs(batch, metrics)
             self.phase_values(batch)
             self.phase_advantages(batch, metrics)
+            self.phase_correction(batch, metrics)
             self.phase_update_critic(batch, step, metrics)
             if step > self.cfg.critic.warmup_steps:  # the actor waits while a fresh critic learns
                 self.phase_update_actor(batch, step, metrics)
@@ -305,22 +313,47 @@ class Trainer:
         return metrics
 
     def phase_rollout(self, step: int, metrics: dict[str, float]) -> list:
-        """The step's tasks, each ``rollout.n`` times (one group), played by the actor ranks; the episodes."""
-        from openmanus_rl_core.rollout import expand_tasks
-
-        if self.cfg.rollout.max_staleness is not None:  # the group stream: groups run across steps
-            with self.timer("rollout"):
+        """The episodes to train on: this step's own batch (each task ``rollout.n`` times, one group), or with
+        ``rollout.max_staleness`` set, B complete groups from the group stream."""
+        with self.timer("rollout"):
+            if self.cfg.rollout.max_staleness is not None:
                 episodes = self._stream().next_batch(self.policy_version, metrics)
-        else:
-            tasks = self.sampler.next_batch()
-            # Deterministic group ids (expand_tasks would draw random ones): same run, same groups.
-            tasks = [dict(t, group_id=f"{step}:{i}") for i, t in enumerate(tasks)]
-            with self.timer("rollout"):
-                episodes = self._rollout(expand_tasks(tasks, self.n))
+            else:
+                episodes = self._batch_rollout(step, metrics)
         trajectories = [e.trajectory for e in episodes]
         self.env_errors.update(step, [t.termination for t in trajectories], [t.error for t in trajectories])
         self.pm.hook.openmanus_rl_process_trajectories(trajectories=trajectories, step=step)
         return episodes
+
+    def _batch_rollout(self, step: int, metrics: dict[str, float]) -> list:
+        """B task rows played by the actor ranks. With ``algorithm.filter_groups``, groups without spread are
+        dropped and more rows are played in their place, at most ``max_extra_groups``; if none is left, the step
+        trains on the last rows played (zero advantage: nothing to learn, but the step stays counted)."""
+        from openmanus_rl_core.algorithms.dynamic_sampling import keep_groups
+        from openmanus_rl_core.rollout import expand_tasks
+
+        def play(rows: list[dict], first: int) -> list:
+            # Deterministic group ids (expand_tasks would draw random ones): same run, same groups.
+            return self._rollout(expand_tasks([dict(t, group_id=f"{step}:{first + i}") for i, t in enumerate(rows)],
+                                              self.n))
+
+        rows = self.sampler.next_batch()
+        episodes = play(rows, 0)
+        if self.group_filter is None:
+            return episodes
+        B, played = len(rows), len(rows)
+        kept, filtered = keep_groups(episodes, self.group_filter)
+        while len(kept) < B * self.n and played - B < self.max_extra_groups:
+            accepted = len(kept) // self.n
+            want = -(-(B - accepted) * played // max(accepted, 1))  # rows to play at the acceptance rate so far
+            more = self.sampler.next_batch(min(want, self.max_extra_groups - (played - B)))
+            episodes = play(more, played)
+            played += len(more)
+            k, f = keep_groups(episodes, self.group_filter)
+            kept, filtered = kept + k, filtered + f
+        metrics["rollout/groups_filtered"] = float(filtered)
+        metrics["rollout/groups_extra"] = float(played - B)
+        return kept[:B * self.n] if kept else episodes
 
     def _stream(self):
         """The group stream (rollout/stream.py), started at the first step that needs it."""
@@ -328,7 +361,7 @@ class Trainer:
 
         if self.stream is None:
             self.stream = GroupStream(self.actor, self.cfg.rollout, self.sampler.next_batch,
-                                      self.cfg.data.train_batch_size)
+                                      self.cfg.data.train_batch_size, self.group_filter, self.max_extra_groups)
             if self._stream_state is not None:
                 self.stream.load_state_dict(self._stream_state)
         return self.stream
@@ -371,7 +404,7 @@ class Trainer:
         mini = self.cfg.actor.ppo_mini_batch_size
         multi = self.cfg.actor.ppo_epochs > 1 or (mini is not None and mini < len(batch))
         with_ref = algo.use_kl_in_reward or algo.use_kl_loss
-        need_old = mode == "true" or (mode == "auto" and multi) or algo.use_kl_in_reward
+        need_old = mode == "true" or (mode == "auto" and multi) or algo.use_kl_in_reward or self.correct
         if mode == "rollout":
             batch["old_log_probs"] = batch["rollout_log_probs"]
         elif need_old or with_ref:
@@ -426,6 +459,18 @@ class Trainer:
             rows = m.any(-1)  # samples with tokens to train (padding rows and env errors have none)
             zero = ((advantages.abs() * m).sum(-1) == 0) & rows
             metrics["train/zero_adv_frac"] = float(zero.sum()) / float(rows.sum())
+
+    def phase_correction(self, batch, metrics: dict[str, float]) -> None:
+        """Decoupled PPO with truncated importance sampling (``algorithm.rollout_correction``): each token's
+        advantage times ``min(pi_old / pi_engine, tis_cap)`` (algorithms/correction.py)."""
+        from openmanus_rl_core.algorithms.correction import truncated_is_weights
+
+        if not self.correct:
+            return
+        w, cm = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+                                     self.algo.tis_cap)
+        batch["advantages"] = batch["advantages"] * w
+        metrics.update(cm)
 
     def phase_update_critic(self, batch, step: int, metrics: dict[str, float]) -> None:
         """The critic's update on ``values`` and ``returns`` (only with a critic)."""

@@ -15,11 +15,12 @@ Two halves:
 
 No trained sample is staler than η. ``rollout.stale_policy``:
 
-- ``wait`` (default): before training at version v, the step waits for every running group admitted at version
-  ``<= v - η`` (next step it would be too stale) and trains the oldest groups first. Long episodes are never thrown
-  away, so the trained batch is not biased toward short ones; the price is a wait when a straggler is that old. In
-  the rare case that more than B groups must go now, the step trains them all (``stream/oversize`` counts it).
-- ``drop``: never waits; a complete group staler than η is discarded (``stream/dropped``). Faster under long tails,
+- ``wait`` (default): each step trains B groups: first those admitted η or more versions ago (trained any later,
+  they could be staler than η), waiting for any of them still running, then the oldest other complete groups.
+  Long episodes are never thrown away, so the trained batch is not biased toward short ones; the price is a wait
+  when a straggler is that old. Because training takes complete groups out of admission order, more than B such
+  groups can exist in a rare case: the oldest B go, and one that the last check finds staler than η is dropped.
+- ``drop``: never waits; a complete group staler than η is discarded (``rollout/groups_dropped``). Faster under long tails,
   but long episodes are the ones dropped: compare ``stream/trained_turns`` with ``stream/generated_turns``.
 
 Either way a group is checked once more right before training, and one staler than η is dropped, never trained.
@@ -141,7 +142,7 @@ class GroupStream:
 
     ``actor``: the actor worker group (methods ``stream_start``, ``stream_submit``, ``stream_take``,
     ``stream_stop``); ``next_tasks()``: the next batch of task rows (the trainer's sampler; each row becomes one
-    group of ``n``); ``batch_groups``: B; ``accept(episodes) -> bool``: the dynamic-sampling filter (None: keep
+    group of ``n``); ``batch_groups``: B; ``accept(trajectories) -> bool``: the dynamic-sampling filter (None: keep
     every group); ``max_extra_groups``: how many rejected groups one step may replace before it trains on fewer.
     """
 
@@ -181,52 +182,54 @@ class GroupStream:
 
     # ------------------------------------------------------------------------------------------------ step
     def next_batch(self, version: int, metrics: dict[str, float]) -> list[Episode]:
-        """The episodes of the groups to train at policy version ``version`` (optimizer steps completed)."""
+        """The episodes of the (at most B) groups to train at policy version ``version`` (optimizer steps
+        completed)."""
         if not self.started:
             self.actor.call("stream_start")
             self.started = True
         adm = self.admission
         adm.version = version
         stats: Counter = Counter()
-        filtered = dropped = extra = 0
+        filtered = dropped = 0
         generated_turns: list[int] = []
         t0 = time.perf_counter()
         while True:
-            extra_left = self.max_extra_groups - extra
-            self._admit(version, extra_left > 0 or filtered == 0)
+            if filtered < self.max_extra_groups or filtered == 0:
+                self._admit(version)
             for rank_out in self.actor.call("stream_take", max_wait_s=0.05):
                 stats.update(rank_out["stats"])
                 for eps in rank_out["groups"]:
                     g = self.running.pop(eps[0].group_id)
                     g.episodes = eps
                     generated_turns += [e.trajectory.num_turns for e in eps]
-                    if self.accept is not None and not self.accept(eps):
-                        adm.finish(accepted=False)
+                    ok = self.accept is None or self.accept([e.trajectory for e in eps])
+                    adm.finish(accepted=ok)
+                    if ok:
+                        self.ready.append(g)
+                    else:
                         filtered += 1
-                        extra += 1
-                        continue
-                    adm.finish(accepted=True)
-                    self.ready.append(g)
             if not self.wait:
                 keep = [g for g in self.ready if self._staleness(g, version) <= self.eta]
-                dropped += len(self.ready) - len(keep)
+                dropped += self._drop(len(self.ready) - len(keep))
                 self.ready = keep
-            must_wait = self.wait and any(g.admitted <= version - self.eta for g in self.running.values())
-            if not must_wait and len(self.ready) >= self.B:
+            if self.wait and any(self._urgent(g, version) for g in self.running.values()):
+                continue  # a group that must be trained now is still running
+            if len(self.ready) >= self.B:
                 break
-            if not must_wait and not self.running and extra >= self.max_extra_groups and self.ready \
-                    and filtered:  # the refill is used up: train on what was accepted
-                break
-        # Oldest first; every group that would be too stale next step goes now.
-        self.ready.sort(key=lambda g: (g.admitted, g.gid))
-        urgent = sum(1 for g in self.ready if self._staleness(g, version) >= self.eta)
-        take, self.ready = self.ready[:max(self.B, urgent)], self.ready[max(self.B, urgent):]
+            if not self.running and (filtered >= self.max_extra_groups or not adm.can_admit()):
+                break  # the refill is used up (or nothing more may start): train on what was accepted
+        # The groups that must go now first (at most B of them: the admission rule), then the oldest others.
+        self.ready.sort(key=lambda g: (not self._urgent(g, version), g.admitted, g.gid))
+        take, self.ready = self.ready[:self.B], self.ready[self.B:]
         batch = [g for g in take if self._staleness(g, version) <= self.eta]  # the last check before training
-        dropped += len(take) - len(batch)
-        adm.consume(len(take))
+        dropped += self._drop(len(take) - len(batch))
+        adm.consume(len(batch))
+        if not batch:
+            raise RuntimeError(f"the rollout stream has no group to train at version {version}: {filtered} "
+                               f"filtered, {dropped} dropped, {len(self.running)} running")
         episodes = [e for g in batch for e in g.episodes]
         metrics.update(self._metrics(batch, version, stats, filtered, dropped, generated_turns,
-                                     oversize=float(len(take) > self.B), wait_s=time.perf_counter() - t0))
+                                     wait_s=time.perf_counter() - t0))
         return episodes
 
     def close(self) -> None:
@@ -235,9 +238,16 @@ class GroupStream:
             self.started = False
 
     # ----------------------------------------------------------------------------------------------- parts
-    def _admit(self, version: int, allowed: bool) -> None:
-        if not allowed:
-            return
+    def _urgent(self, g: _Group, version: int) -> bool:
+        """Admitted ``η`` or more versions ago: trained later, it could be staler than ``η``."""
+        return g.admitted <= version - self.eta
+
+    def _drop(self, n: int) -> int:
+        """``n`` accepted groups thrown away as too stale: their places in the admission window are free again."""
+        self.admission.accepted -= n
+        return n
+
+    def _admit(self, version: int) -> None:
         per_rank: list[list[list[dict]]] = [[] for _ in range(self.actor.size)]
         load = Counter(g.rank for g in self.running.values())
         while self.admission.can_admit():
@@ -260,7 +270,7 @@ class GroupStream:
         return group_staleness([e.versions for e in g.episodes], version)
 
     def _metrics(self, batch: list[_Group], version: int, stats: Mapping[str, float], filtered: int, dropped: int,
-                 generated_turns: list[int], oversize: float, wait_s: float) -> dict[str, float]:
+                 generated_turns: list[int], wait_s: float) -> dict[str, float]:
         stale = [self._staleness(g, version) for g in batch for _ in g.episodes]
         lags: Counter = Counter(version - v for g in batch for e in g.episodes for v in e.versions if v >= 0)
         tokens = sum(lags.values()) or 1
@@ -268,9 +278,8 @@ class GroupStream:
         out = {
             "stream/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
             "stream/staleness_max": float(max(stale, default=0)),
-            "stream/filtered": float(filtered),
-            "stream/dropped": float(dropped),
-            "stream/oversize": oversize,
+            "rollout/groups_filtered": float(filtered),
+            "rollout/groups_dropped": float(dropped),
             "stream/groups": float(len(batch)),
             "stream/running": float(len(self.running)),
             "stream/trained_turns": sum(trained_turns) / len(trained_turns) if trained_turns else 0.0,

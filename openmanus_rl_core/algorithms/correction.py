@@ -1,0 +1,53 @@
+"""Rollout correction: training on tokens that another policy sampled (docs/async.md).
+
+Three policies meet in one update:
+
+- the **behaviour** policy ``π_behav`` sampled the tokens: the engine's per-token log-probs (``rollout_log_probs``).
+  In the group stream it may be up to η versions old, and with vLLM it differs from the trainer's numerics even at
+  η=0;
+- the **proximal** policy ``π_prox``: the trainer's weights at the start of the update (the recomputed
+  ``old_log_probs``);
+- ``π_θ``, the policy being updated.
+
+The decoupled PPO objective clips on ``π_θ / π_prox`` and weights each token by ``π_prox / π_behav``. Truncated
+importance sampling (TIS) caps that weight at ``c``:
+
+    w_t = min(exp(log π_prox(t) - log π_behav(t)), c)          (no gradient)
+    L_t = w_t * max(-A_t r_t, -A_t clip(r_t, 1 - ε_low, 1 + ε_high)),   r_t = π_θ(t) / π_prox(t)
+
+Because ``w_t >= 0`` it can be folded into the advantage: ``w * max(-A r, -A clip(r)) = max(-(wA) r, -(wA) clip(r))``
+(the dual-clip cap ``-A c`` scales the same way), so the registered PPO losses compute the decoupled objective from
+``advantages * w`` and ``old_log_probs = log π_prox`` unchanged. A loss that is not linear in the advantage would
+need the weight itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from openmanus_rl_core.algorithms.losses import masked_mean
+
+
+def truncated_is_weights(prox_logprob: torch.Tensor, behav_logprob: torch.Tensor, response_mask: torch.Tensor,
+                         cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """``w = min(exp(prox - behav), cap)`` per token (0 off the mask) and its metrics.
+
+    Shapes: all ``[B, T]``. Metrics: ``actor/behav_prox_kl`` (``mean_mask(behav - prox)``, the k1 estimate of
+    KL(π_behav || π_prox) on the sampled tokens), ``actor/tis_weight_mean`` (before the cap) and
+    ``actor/tis_capped_frac`` (share of tokens where the cap bit).
+    """
+    if not cap >= 1.0:
+        raise ValueError(f"the TIS cap must be >= 1, got {cap!r}")
+    if prox_logprob.shape != behav_logprob.shape or prox_logprob.shape != response_mask.shape:
+        raise ValueError(f"shapes differ: proximal {tuple(prox_logprob.shape)}, behaviour "
+                         f"{tuple(behav_logprob.shape)}, mask {tuple(response_mask.shape)}")
+    mask = response_mask.bool()
+    log_ratio = torch.where(mask, prox_logprob - behav_logprob, torch.zeros_like(prox_logprob))
+    raw = torch.exp(log_ratio.clamp(max=20.0))
+    w = torch.where(mask, raw.clamp(max=float(cap)), torch.zeros_like(raw))
+    metrics = {
+        "actor/behav_prox_kl": float(masked_mean(-log_ratio, mask)),
+        "actor/tis_weight_mean": float(masked_mean(raw, mask)),
+        "actor/tis_capped_frac": float(masked_mean((raw > cap).to(raw.dtype), mask)),
+    }
+    return w.detach(), metrics

@@ -1,0 +1,65 @@
+"""The latency wrapper: the inner env's behaviour unchanged, seeded lognormal waits, a clear error for a bad inner."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import pytest
+
+from openmanus_rl_core.protocols import OracleEnv
+from openmanus_rl_core.registry import registry
+from openmanus_rl_core.testing import check_env
+
+
+def _waits(env, task_id, seed, steps):
+    env.reset(task_id, seed)
+    out = []
+    for _ in range(steps):
+        env.step("look")
+        out.append(env.last_wait_s)
+    return out
+
+
+def test_wraps_the_inner_env_by_name_and_keeps_its_behaviour():
+    env = registry("env").build("latency", inner="key_door", median_ms=0.0)
+    inner = registry("env").build("key_door")
+    assert isinstance(env, OracleEnv)
+    assert env.instruction == inner.instruction and env.num_tasks == inner.num_tasks
+    assert env.reset(3, 0) == inner.reset(3, 0)
+    for action in ("open box", "say nothing", env.oracle_action()):
+        a, b = env.step(action), inner.step(action)
+        assert (a.observation, a.reward, a.done) == (b.observation, b.reward, b.done)
+    check_env(lambda: registry("env").build("latency", inner="key_door", median_ms=0.0))
+
+
+def test_waits_are_seeded_per_episode_and_lognormal():
+    env = registry("env").build("latency", inner="key_door", median_ms=0.5, sigma=1.2, seed=7)
+    first = _waits(env, 5, 1, 4)
+    assert _waits(env, 2, 0, 4) != first  # another episode, other waits
+    assert _waits(env, 5, 1, 4) == first  # the same episode waits the same times, whatever ran before
+    other_seed = registry("env").build("latency", inner="key_door", median_ms=0.5, sigma=1.2, seed=8)
+    assert _waits(other_seed, 5, 1, 4) != first
+    # log(wait / median) ~ N(0, sigma): over 2000 draws the median is within 10% and the std of the log within 5%.
+    draws = [env.delay_s() for _ in range(2000)]
+    logs = [math.log(d / 0.0005) for d in draws]
+    assert abs(statistics.median(draws) / 0.0005 - 1) < 0.1
+    assert abs(statistics.pstdev(logs) - 1.2) < 0.06
+
+
+def test_a_step_really_sleeps():
+    env = registry("env").build("latency", inner="key_door", median_ms=30.0, sigma=0.0)
+    env.reset(0, 0)
+    t0 = time.perf_counter()
+    env.step("open box")
+    assert 0.029 <= time.perf_counter() - t0 < 0.5
+    assert env.waited_s == pytest.approx(0.030)
+
+
+@pytest.mark.parametrize("kwargs, words", [({"inner": "latency"}, "not the wrapper itself"),
+                                           ({"inner": "key_door", "median_ms": -1.0}, "median_ms=-1.0"),
+                                           ({"inner": "no_such_env"}, "no_such_env")])
+def test_bad_settings_name_the_value(kwargs, words):
+    with pytest.raises(Exception, match=words):
+        registry("env").build("latency", **kwargs)

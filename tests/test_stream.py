@@ -1,0 +1,273 @@
+"""The rollout stream's parts with hand-computed numbers: the decoupled loss and its TIS cap, admission on a
+simulated clock, dynamic sampling, and the policy version every generated token records."""
+
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from openmanus_rl_core.algorithms import policy_loss
+from openmanus_rl_core.algorithms.correction import truncated_is_weights
+from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter, has_spread, keep_groups
+from openmanus_rl_core.rollout.staleness import Admission, group_staleness
+from openmanus_rl_core.rollout.stream import GroupStream
+from openmanus_rl_core.schema import RolloutConfig
+from openmanus_rl_core.trainer import Trainer
+
+LOG = math.log
+PROX = torch.tensor([[LOG(0.5), LOG(0.2), LOG(0.9), 0.0]])
+BEHAV = torch.tensor([[LOG(0.25), LOG(0.4), LOG(0.3), 0.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+
+
+# ------------------------------------------------------------------------------------------ the correction
+def test_truncated_importance_weights_by_hand():
+    w, m = truncated_is_weights(PROX, BEHAV, MASK, cap=2.0)
+    # pi_prox / pi_behav = 2.0, 0.5, 3.0 -> capped at 2: 2.0, 0.5, 2.0; 0 off the mask.
+    assert w.tolist()[0] == pytest.approx([2.0, 0.5, 2.0, 0.0])
+    assert m["actor/tis_weight_mean"] == pytest.approx((2.0 + 0.5 + 3.0) / 3)
+    assert m["actor/tis_capped_frac"] == pytest.approx(1 / 3)
+    assert m["actor/behav_prox_kl"] == pytest.approx((LOG(0.5) + LOG(2.0) + LOG(1 / 3)) / 3)
+    with pytest.raises(ValueError, match="0.5"):
+        truncated_is_weights(PROX, BEHAV, MASK, cap=0.5)
+
+
+def test_the_decoupled_loss_clips_on_the_proximal_policy_and_weighs_by_the_capped_ratio():
+    """Per token: w * max(-A r, -A clip(r, 0.8, 1.28)), r = pi_theta / pi_prox; token mean over the mask."""
+    logp = torch.tensor([[LOG(0.6), LOG(0.2), LOG(1.35), 0.0]], requires_grad=True)  # r = 1.2, 1.0, 1.5
+    adv = torch.tensor([[1.0, -1.0, 1.0, 0.0]])
+    w, _ = truncated_is_weights(PROX, BEHAV, MASK, cap=2.0)
+    loss, _ = policy_loss(PROX, logp, adv * w, MASK, clip_low=0.2, clip_high=0.28)
+    # token 1: 2 * max(-1.2, -1.2) = -2.4; token 2: 0.5 * max(1.0, 1.0) = 0.5; token 3: 2 * max(-1.5, -1.28) = -2.56
+    assert float(loss.detach()) == pytest.approx((-2.4 + 0.5 - 2.56) / 3, abs=1e-6)
+    loss.backward()
+    # d/dlogp of w * (-A r) is -w A r on unclipped tokens, 0 where the clip is active (token 3).
+    assert logp.grad.tolist()[0] == pytest.approx([-2 * 1.2 / 3, 0.5 * 1.0 / 3, 0.0, 0.0], abs=1e-6)
+
+
+def test_the_step_weighs_advantages_by_recomputed_over_engine_log_probs():
+    """The trainer's correction phase: proximal = the recomputed old log-probs, behaviour = the engine's."""
+    batch = {"old_log_probs": PROX.clone(), "rollout_log_probs": BEHAV.clone(), "response_mask": MASK.clone(),
+             "advantages": torch.tensor([[1.0, -2.0, 3.0, 0.0]])}
+    metrics: dict = {}
+    owner = SimpleNamespace(correct=True, algo=SimpleNamespace(tis_cap=2.0))
+    Trainer.phase_correction(owner, batch, metrics)
+    assert batch["advantages"].tolist()[0] == pytest.approx([2.0, -1.0, 6.0, 0.0])
+    assert metrics["actor/behav_prox_kl"] == pytest.approx((LOG(0.5) + LOG(2.0) + LOG(1 / 3)) / 3)
+    off = {**batch, "advantages": torch.tensor([[1.0, -2.0, 3.0, 0.0]])}
+    Trainer.phase_correction(SimpleNamespace(correct=False, algo=owner.algo), off, {})
+    assert off["advantages"].tolist()[0] == [1.0, -2.0, 3.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------- dynamic sampling
+def _traj(success: bool):
+    return SimpleNamespace(success=success, num_turns=1)
+
+
+def test_groups_without_spread_are_dropped():
+    assert not has_spread([1.0, 1.0, 1.0]) and not has_spread([0.3]) and has_spread([0.0, 0.0, 1.0])
+    by_success = GroupFilter(composer=None, metric="success")
+    assert by_success([_traj(True), _traj(False)]) and not by_success([_traj(True), _traj(True)])
+    composer = SimpleNamespace(compose_batch=lambda trajs: ([SimpleNamespace(total=t.score) for t in trajs], {}))
+    by_reward = GroupFilter(composer, metric="reward")
+    assert not by_reward([SimpleNamespace(score=0.5)] * 3)
+    assert by_reward([SimpleNamespace(score=0.5), SimpleNamespace(score=0.25)])
+    eps = [SimpleNamespace(group_id=g, trajectory=_traj(s))
+           for g, s in [("a", True), ("a", True), ("b", True), ("b", False), ("c", False), ("c", False)]]
+    kept, dropped = keep_groups(eps, by_success)
+    assert [e.group_id for e in kept] == ["b", "b"] and dropped == 2
+    with pytest.raises(ValueError, match="'accuracy'"):
+        GroupFilter(None, metric="accuracy")
+
+
+# --------------------------------------------------------------------------- the stream on a simulated clock
+class SimActor:
+    """The actor group as the stream sees it, on a simulated clock: one tick per ``stream_take``. Each episode has
+    a seeded number of turns, each turn a heavy-tailed number of ticks; a turn's tokens record the version of the
+    weights when it was generated (at the turn's start). ``succeed(gid, i)`` decides each episode's success."""
+
+    size = 2
+
+    def __init__(self, seed: int, succeed=lambda gid, i: i % 2 == 0):
+        self.rng = random.Random(seed)
+        self.version = 0
+        self.succeed = succeed
+        self.running: list[dict] = []
+        self.complete: list[list] = []  # finished groups not yet taken
+        self.submitted = 0
+
+    def call(self, method, **kw):
+        if method == "stream_take":
+            self._tick()
+            out, self.complete = self.complete, []
+            return [{"groups": out, "stats": {"env_wait_s": 0.0, "gen_s": 0.0}}, {"groups": [], "stats": {}}]
+        return [None] * self.size
+
+    def call_each(self, method, args):
+        assert method == "stream_submit"
+        for (groups,) in args:
+            for tasks in groups:
+                self.submitted += 1
+                eps = []
+                for i, t in enumerate(tasks):
+                    turns = self.rng.randint(1, 4)
+                    eps.append(SimpleNamespace(group_id=t["group_id"], versions=[], turns_left=turns, wait=0,
+                                               trajectory=SimpleNamespace(num_turns=turns,
+                                                                          success=self.succeed(t["group_id"], i))))
+                self.running.append({"eps": eps})
+
+    def advance(self, ticks: int) -> None:
+        for _ in range(ticks):
+            self._tick()
+
+    def _tick(self) -> None:
+        done = []
+        for g in self.running:
+            for e in g["eps"]:
+                if e.turns_left and e.wait == 0:  # the turn starts: 3 tokens under the current weights
+                    e.versions += [self.version] * 3 + [-1, -1]
+                    e.wait = 1 + int(self.rng.lognormvariate(0, 1.2))
+                if e.turns_left:
+                    e.wait -= 1
+                    if e.wait == 0:
+                        e.turns_left -= 1
+            if all(e.turns_left == 0 for e in g["eps"]):
+                done.append(g)
+        self.running = [g for g in self.running if g not in done]
+        self.complete += [g["eps"] for g in done]
+
+
+def _tasks(counter=iter(range(10**6))):
+    return [{"task_id": next(counter), "seed": 0} for _ in range(4)]
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2, 4])
+@pytest.mark.parametrize("policy", ["wait", "drop"])
+def test_admission_bound_and_staleness_on_a_simulated_clock(eta, policy):
+    B, steps = 4, 12
+    actor = SimActor(seed=eta)
+    cfg = RolloutConfig(n=3, max_staleness=eta, stale_policy=policy)
+    stream = GroupStream(actor, cfg, _tasks, B)
+    original_submit = actor.call_each
+    checks = []
+
+    def submit(method, args):  # the admission rule, checked from outside: admitted <= (eta + v + 1) * B
+        original_submit(method, args)
+        checks.append((actor.submitted, (eta + actor.version + 1) * B, v))
+
+    actor.call_each = submit
+    trained = 0
+    dropped = []  # groups thrown away as too stale, through each step (their places are free again)
+    for v in range(steps):
+        metrics: dict = {}
+        eps = stream.next_batch(v, metrics)
+        dropped.append((dropped[-1] if dropped else 0) + int(metrics["rollout/groups_dropped"]))
+        groups = {e.group_id for e in eps}
+        trained += len(groups)
+        for gid in groups:  # no trained sample is staler than eta
+            assert group_staleness([e.versions for e in eps if e.group_id == gid], v) <= eta
+        assert metrics["stream/staleness_max"] <= eta
+        assert len(groups) <= B
+        if policy == "wait":
+            assert len(groups) == B and metrics["rollout/groups_dropped"] == 0
+        actor.advance(3)  # the update takes 3 ticks, generation goes on under the old weights
+        actor.version = v + 1  # the weight sync
+    assert all(sub <= cap + dropped[step] for sub, cap, step in checks), (checks, dropped)
+    assert trained >= (steps - 1) * B
+
+
+def test_the_stream_overlaps_generation_with_training():
+    """With eta=2, samples generated during the previous update are trained: staleness 1 or 2 appears."""
+    actor = SimActor(seed=3)
+    stream = GroupStream(actor, RolloutConfig(n=2, max_staleness=2), _tasks, 4)
+    seen = set()
+    for v in range(10):
+        metrics: dict = {}
+        stream.next_batch(v, metrics)
+        seen |= {k for k in range(3) if metrics[f"stream/staleness_share/{k}"] > 0}
+        actor.advance(4)
+        actor.version = v + 1
+    assert seen & {1, 2}
+
+
+def test_dynamic_sampling_in_the_stream_keeps_only_groups_with_spread_and_bounds_the_refill():
+    # Groups whose id ends in an even number succeed everywhere (no spread); the others half the time.
+    succeed = lambda gid, i: int(gid[1:]) % 2 == 0 or i % 2 == 0  # noqa: E731
+    actor = SimActor(seed=1, succeed=succeed)
+    accept = GroupFilter(None, metric="success")
+    B, extra = 4, 3
+    stream = GroupStream(actor, RolloutConfig(n=2, max_staleness=1), _tasks, B, accept=accept, max_extra_groups=extra)
+    for v in range(6):
+        metrics: dict = {}
+        eps = stream.next_batch(v, metrics)
+        groups: dict = {}
+        for e in eps:
+            groups.setdefault(e.group_id, []).append(e.trajectory)
+        assert groups and all(accept(t) for t in groups.values())  # zero-variance groups never reach the loss
+        assert all(int(g[1:]) % 2 == 1 for g in groups)
+        assert metrics["rollout/groups_filtered"] <= extra + (1 + v + 1) * B  # bounded refill
+        actor.advance(2)
+        actor.version = v + 1
+    # Admitted groups: at most one refill of `extra` per step beyond the (eta + v + 1) * B window.
+    assert actor.submitted <= (1 + 6 + 1) * B + 6 * extra
+
+
+def test_admission_rule_counts():
+    adm = Admission(batch_groups=2, max_staleness=1)
+    for _ in range(4):  # (1 + 0 + 1) * 2
+        adm.start()
+    assert not adm.can_admit()
+    with pytest.raises(RuntimeError, match="capacity 4"):
+        adm.start()
+    adm.finish(accepted=False)  # a rejected group frees its place
+    assert adm.can_admit()
+    adm.start()
+    adm.finish(accepted=True)
+    adm.version = 1
+    assert adm.capacity == 6 and adm.accepted + adm.running == 4
+
+
+# ----------------------------------------------------------------------------- versions on generated tokens
+def test_each_token_records_the_version_that_generated_it_across_a_weight_update():
+    """A partial rollout: the first reply is generated under version 0, then new weights (version 1) land at the
+    turn boundary; the second reply's tokens record 1, the first's keep 0, observation tokens -1."""
+    from openmanus_rl_core.registry import build, registry
+    from openmanus_rl_core.rollout import AgentLoop, expand_tasks
+    from openmanus_rl_core.rollout.stream import _LockedEngine
+    from openmanus_rl_core.rollout.episodes import EpisodeRunner
+    from openmanus_rl_core.models import build_tokenizer
+    from openmanus_rl_core.testing import _OracleEngine
+
+    import threading
+
+    tokenizer = build_tokenizer(["open box", "say apple", "The box is open. The note says: apple."] * 5,
+                                vocab_size=300)
+    template = build("template", {"name": "react", "kwargs": {}})
+    envs: list = []
+
+    def factory():
+        envs.append(registry("env").build("key_door"))
+        return envs[-1]
+
+    state = {"v": 0}
+
+    class Bumping(_OracleEngine):
+        def generate(self, prompts, params):
+            out = super().generate(prompts, params)
+            state["v"] += 1  # a weight sync right after this call
+            return out
+
+    loop = AgentLoop(Bumping(tokenizer, template, envs), tokenizer, template, factory,
+                     RolloutConfig(max_new_tokens=64, max_turns=4))
+    loop.engine = _LockedEngine(loop.engine, threading.RLock(), loop, lambda: state["v"])
+    (ep,) = EpisodeRunner(loop).run(expand_tasks([{"task_id": 0, "seed": 0}], 1))
+    assert ep.trajectory.success and ep.trajectory.num_turns == 2
+    (a0, a1), (b0, b1) = ep.trajectory.turns[0].span, ep.trajectory.turns[1].span
+    assert set(ep.versions[a0:a1]) == {0} and set(ep.versions[b0:b1]) == {1}
+    assert set(ep.versions[a1:b0]) == {-1}  # the observation between the replies
+    assert len(ep.versions) == len(ep.response_ids)
+    assert ep.oldest_version == 0 and group_staleness([ep.versions], 2) == 2
