@@ -248,6 +248,9 @@ class Trainer:
             if f"rollout/termination/{name}" in ro:
                 out[f"{prefix}/termination/{name}"] = ro[f"rollout/termination/{name}"]
         out[f"timing/{prefix}"] = time.perf_counter() - t0
+        from openmanus_rl_core.commands.rollout import write_validation  # the samples, readable later
+
+        write_validation(self.run_dir, step, prefix, episodes, breakdowns, self.tokenizer, out)
         if self.cfg.trainer.val_samples_to_log:
             for e in episodes[:self.cfg.trainer.val_samples_to_log]:
                 self.log(f"  [{prefix} sample] task {e.trajectory.task_id}: "

@@ -85,6 +85,13 @@ def test_a_real_resume_keeps_the_reward_prints_and_records_the_change_and_keeps_
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     record = (run / "config.json").read_bytes()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # Every validation's samples are kept in the run folder, as JSONL and as the page `rollout` writes.
+    assert sorted(p.name for p in (run / "validation").iterdir()) == [
+        f"{stem}.{ext}" for stem in ("val_step_000000", "val_step_000002", "warmup_val_step_000000")
+        for ext in ("html", "jsonl")]
+    samples = [json.loads(line) for line in (run / "validation" / "val_step_000002.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 and all(set(s["reward_parts"]) == {"process"} and s["turns"] for s in samples)
+    assert samples[0]["turns"][0]["context"] and "response" in samples[0]["turns"][0]
     out = _run(["train", *SMALL, f"trainer.run_dir={run}", "trainer.resume=auto", "trainer.total_steps=3",
                 "actor.lr=1e-4"], cli_env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
