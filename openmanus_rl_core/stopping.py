@@ -1,7 +1,8 @@
 """Stopping a run on SIGTERM or Ctrl-C without losing its steps.
 
-The first SIGTERM or SIGINT asks the fit loop to stop after the step in progress: the loop saves a checkpoint when
-a step completed since the last save, prints the command that resumes, and the command exits with 128 + the
+The first SIGTERM or SIGINT asks the fit loop to stop after the step in progress (before the first step, in the
+untrained validation or the warm-up, it interrupts at once: there is nothing to save): the loop saves a checkpoint
+when a step completed since the last save, prints the command that resumes, and the command exits with 128 + the
 signal's number (143 for SIGTERM, 130 for Ctrl-C), so a scheduler sees a preempted job, not a finished one. A
 second signal exits at once.
 """
@@ -24,6 +25,9 @@ class StopOnSignal:
     def __init__(self, log: Callable[[str], None]):
         self.log = log
         self.requested: int | None = None
+        # Before the step loop (validation of the untrained model, the warm-up) there is no step to finish or save:
+        # the signal interrupts at once (KeyboardInterrupt). The loop sets this False and stops between steps.
+        self.interrupt = True
         self._previous: dict[int, object] = {}
 
     def install(self) -> "StopOnSignal":
@@ -41,6 +45,8 @@ class StopOnSignal:
         if self.requested is not None:
             os._exit(128 + signum)  # the second signal: at once, as asked
         self.requested = signum
+        if self.interrupt:
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} before the first training step")
         self.log(f"{signal.Signals(signum).name}: stopping after the current step (a checkpoint is saved); send it "
                  f"again to exit at once")
 

@@ -623,6 +623,7 @@ class Trainer:
             restarts = 0
             signal_watch = LearningSignalWatch(tcfg.no_signal_warn_steps, warmup_hint=self.can_warm_up)
             step, saved_step = start_step + 1, start_step
+            self.stop.interrupt = False  # from here a signal ends the step in progress, then saves
             while step <= self.total_steps and not self.stop.requested:
                 try:
                     metrics = self.train_step(step)

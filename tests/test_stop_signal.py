@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from openmanus_rl_core.stopping import StopOnSignal
 from test_resume_config import SMALL
 
@@ -62,9 +64,41 @@ def test_the_second_signal_is_not_waited_for_and_the_first_only_asks(monkeypatch
     logged, exits = [], []
     monkeypatch.setattr("os._exit", exits.append)
     stop = StopOnSignal(logged.append)
+    stop.interrupt = False  # in the step loop
     stop._handle(signal.SIGINT, None)
     assert stop.requested == signal.SIGINT and stop.exit_code == 130 and exits == []
     assert logged == ["SIGINT: stopping after the current step (a checkpoint is saved); send it again to exit at "
                       "once"]
     stop._handle(signal.SIGTERM, None)
     assert exits == [143]
+
+    early = StopOnSignal(logged.append)  # before the first step: at once
+    with pytest.raises(KeyboardInterrupt):
+        early._handle(signal.SIGTERM, None)
+    assert early.requested == signal.SIGTERM and exits == [143]
+
+
+def test_sigterm_in_the_warm_up_exits_promptly_without_a_checkpoint(tmp_path, cli_env):
+    run = tmp_path / "run"
+    log = tmp_path / "out.txt"
+    args = [CLI, "train", *SMALL, f"trainer.run_dir={run}", "warmup.steps=100000", "trainer.total_steps=5"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, env=cli_env, stdout=out, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 480
+            while "warm-up step 1/" not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            proc.wait(timeout=60)
+            seconds = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log.read_text()
+    assert proc.returncode == 143, text[-3000:]
+    assert seconds < 30, seconds
+    assert "stopped by SIGTERM after" in text and "no step completed" in text
+    assert "Traceback" not in text and "GCS" not in text
+    assert not (run / "checkpoints").exists()

@@ -36,6 +36,10 @@ def run(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None,
         if changes and trainer.resume_path is not None:
             record_changes(trainer.run_dir, step_of(trainer.resume_path) + 1, changes)
         final = trainer.fit()
+    except KeyboardInterrupt:
+        if getattr(trainer, "stop", None) is None or not trainer.stop.requested:
+            raise
+        final = {}  # a signal before the first step: nothing to save
     finally:
         trainer.shutdown()
     elapsed = time.perf_counter() - trainer.t_start
