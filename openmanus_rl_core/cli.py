@@ -283,6 +283,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, PluginError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `openmanus-rl plugins | head`: the reader left; no traceback
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except EnvUnavailableError as exc:  # a server down, or every episode failed: the message says which
         print(f"error: {exc}", file=sys.stderr)
         return 1
