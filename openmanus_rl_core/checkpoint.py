@@ -243,6 +243,14 @@ def _remove_leftovers(root: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def step_of(path: str | os.PathLike) -> int:
+    """The step of a ``step_N`` checkpoint folder."""
+    m = _STEP_DIR.match(Path(path).name)
+    if m is None:
+        raise CheckpointError(f"{path}: not a checkpoints/step_N folder")
+    return int(m.group(1))
+
+
 def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``step_N`` folder (complete or not), oldest first; tmp folders excluded."""
     root = checkpoints_dir(run_dir)

@@ -1,6 +1,6 @@
 """The ``openmanus-rl`` command.
 
-    openmanus-rl plugins [KIND] [--json] [--check]
+    openmanus-rl plugins [KIND | hooks | options] [--json] [--check]
     openmanus-rl train   [--cfg job] [key=value ...]      # Hydra overrides, e.g. env=key_door algorithm=ppo
     openmanus-rl rollout [--cfg job] [key=value ...]
     openmanus-rl eval    [--cfg job] [key=value ...]
@@ -19,6 +19,7 @@ import importlib
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from openmanus_rl_core import registry
@@ -104,10 +105,35 @@ def describe(command: str) -> tuple[str, str]:
             "examples:\n" + "\n".join(f"  {e}" for e in h.examples))
 
 
+def config_options() -> list[dict]:
+    """Every config group option (``env=textcraft``, ``+experiment=...``) with the distribution that ships it: the
+    core's config tree, then each hook plugin's config folders (this imports the hook modules, not components)."""
+    from openmanus_rl_core.config import core_config_dir
+    from openmanus_rl_core.plugins import make_plugin_manager
+
+    sources = [("openmanus-rl-core", str(core_config_dir()))]
+    for impl in make_plugin_manager().hook.openmanus_rl_config_dirs.get_hookimpls():
+        sources += [(impl.plugin_name.split(":")[0], str(d)) for d in impl.function() or []]
+    import yaml
+
+    chosen = {next(iter(d)) for d in yaml.safe_load((core_config_dir() / "config.yaml").read_text())["defaults"]
+              if isinstance(d, dict)}  # a group outside the defaults list is added with `+group=option`
+    out = []
+    for dist, folder in sources:
+        for f in sorted(Path(folder).glob("*/**/*.yaml")):
+            group = f.parent.relative_to(folder).as_posix()
+            plus = "" if group in chosen else "+"
+            out.append({"kind": "option", "name": f"{plus}{group}={f.stem}", "distribution": dist, "value": str(f)})
+    return sorted(out, key=lambda r: r["name"])
+
+
 def _plugins(args: argparse.Namespace) -> int:
     from openmanus_rl_core.plugins import hook_entries
 
-    rows = registry.entries(args.kind) + ([] if args.kind else hook_entries())
+    if args.kind == "options":
+        return _print_table(config_options(), args.json, ["kind", "name", "distribution"])
+    rows = (hook_entries() if args.kind == "hooks" else
+            registry.entries(args.kind) + ([] if args.kind else hook_entries()))
     records = []
     for e in rows:
         problem = e.static_problem()
@@ -117,37 +143,91 @@ def _plugins(args: argparse.Namespace) -> int:
             "kind": e.kind, "name": e.name, "distribution": e.dist, "version": e.version,
             "value": e.value, "status": "ok" if problem is None else "broken", "error": problem,
         })
-    if args.json:
-        print(json.dumps(records, indent=2))
-        return 0
-    if not records:
+    if not records and not args.json:
         print(f"no {args.kind or ''} plugins installed".replace("  ", " "))
         return 0
-    cols = ["kind", "name", "distribution", "version", "status"]
+    return _print_table(records, args.json, ["kind", "name", "distribution", "version", "status"])
+
+
+def _print_table(records: list[dict], as_json: bool, cols: list[str]) -> int:
+    if as_json:
+        print(json.dumps(records, indent=2))
+        return 0
     widths = {c: max(len(c), *(len(str(r[c])) for r in records)) for c in cols}
     print("  ".join(c.upper().ljust(widths[c]) for c in cols))
     for r in records:
         print("  ".join(str(r[c]).ljust(widths[c]) for c in cols))
-        if r["error"]:
+        if r.get("error"):
             print(f"    ! {r['error']}")
     return 0
 
 
-def _job(command: str, args: argparse.Namespace) -> int:
-    from openmanus_rl_core.config import check, compose, to_yaml
+def composed(command: str, overrides: Sequence[str]):
+    """``(config node, changes)`` as ``command`` sees ``overrides``: keys the command does not read are refused; a
+    resumed training run starts from its own settings (``changes``: what the overrides change of them)."""
+    from openmanus_rl_core.config import compose
+
+    check_command_keys(command, overrides)
+    cfg = compose(overrides)
+    if command == "train":  # a resumed run continues its own settings, the command line's changes on top
+        from openmanus_rl_core.resume_config import resumed_config
+
+        return resumed_config(cfg, overrides, plain=lambda: compose([]))
+    return cfg, {}
+
+
+def prepare(command: str, overrides: Sequence[str]):
+    """``(typed config, job kwargs)``: everything checked before the job imports torch or starts anything."""
+    from openmanus_rl_core.config import check
     from openmanus_rl_core.models import check_model
 
-    cfg = compose(list(args.overrides))
-    if args.cfg:
-        print(to_yaml(cfg), end="")
-        return 0
-    typed = check(cfg, training=command == "train")  # before the job imports torch or starts anything
+    cfg, changes = composed(command, overrides)
+    typed = check(cfg, training=command == "train")
     check_model(typed.model)  # a model or tokenizer that cannot work stops here, before Ray
+    # eval, rollout and export take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
+    kwargs: dict = {"overrides": list(overrides)} if command in FROM_RUN_COMMANDS else {}
+    if changes:
+        from openmanus_rl_core.resume_config import describe_changes
+
+        print(describe_changes(changes), flush=True)
+        kwargs = {"changes": changes}
+    return typed, kwargs
+
+
+def _job(command: str, args: argparse.Namespace) -> int:
+    from openmanus_rl_core.config import to_yaml
+
+    if args.cfg:
+        print(to_yaml(composed(command, list(args.overrides))[0]), end="")
+        return 0
+    typed, kwargs = prepare(command, list(args.overrides))
     module, func = JOBS[command].split(":")
     job = getattr(importlib.import_module(module), func)
-    # eval, rollout and export take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
-    kwargs = {"overrides": list(args.overrides)} if command in FROM_RUN_COMMANDS else {}
     return int(job(typed, **kwargs) or 0)
+
+
+def check_command_keys(command: str, overrides: Sequence[str]) -> None:
+    """A key set on the command line that ``command`` never reads (the schema field's ``commands``) is refused,
+    naming the commands that read it."""
+    import dataclasses
+
+    from openmanus_rl_core.schema import Config
+
+    verb = command.split()[0]
+    for o in overrides:
+        key, sep, value = o.lstrip("+~").partition("=")
+        node: object = Config
+        for part in key.split("."):
+            field = {f.name: f for f in dataclasses.fields(node)}.get(part) if dataclasses.is_dataclass(node) else None
+            if field is None:
+                break
+            readers = field.metadata.get("commands")
+            if readers and verb not in readers:
+                instead = (field.metadata.get("instead") or {}).get(verb)
+                raise ConfigError(f"{key}={value}: {key} is read by {' and '.join(', '.join(readers).rsplit(', ', 1))}"
+                                  f", not by {verb}" + (f"; {instead}" if instead else ""))
+            default = field.default_factory() if field.default_factory is not dataclasses.MISSING else None
+            node = type(default) if dataclasses.is_dataclass(default) else None
 
 
 def _config_doc(args: argparse.Namespace) -> int:
@@ -161,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="openmanus-rl", description="Train LLM agents with reinforcement learning.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plugins", help="list installed plugin components (imports none of them)")
-    p.add_argument("kind", nargs="?", choices=list(KINDS), help="only this kind")
+    p.add_argument("kind", nargs="?", choices=[*KINDS, "hooks", "options"],
+                   help="only this kind; `options`: the config group options (env=..., reward=..., +experiment=...) "
+                        "and the package that ships each")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--check", action="store_true", help="also import each component and report failures")
     p.set_defaults(run=_plugins)
@@ -201,6 +283,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, PluginError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `openmanus-rl plugins | head`: the reader left; no traceback
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except EnvUnavailableError as exc:  # a server down, or every episode failed: the message says which
         print(f"error: {exc}", file=sys.stderr)
         return 1

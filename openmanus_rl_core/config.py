@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from openmanus_rl_core.plugin_kwargs import check_plugin_kwargs
 from openmanus_rl_core.plugins import make_plugin_manager
 from openmanus_rl_core.schema import RULES, Config
 
@@ -130,6 +131,7 @@ def _check_components(c: Config) -> None:
     for kind, name in names:
         registry(kind).resolve(name)
     _check_loggers(c.trainer.loggers)
+    check_plugin_kwargs(c)  # the plugins' own settings, against their signatures (plugin_kwargs.py)
 
 
 def _check_loggers(loggers: Sequence[str]) -> None:

@@ -154,7 +154,8 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
 def reward_series(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, list, list, str, str | None]]:
     """What :func:`plot_rewards` draws: ``(label, steps, values, line style, marker)`` per curve.
 
-    ``train/reward_mean`` (line), ``val/reward_mean`` and ``val/success_rate`` (markers) by step. A warm-up is its
+    ``train/reward_mean`` (line), ``val/reward_mean`` and ``val/success_rate`` (markers) by step, then each reward
+    component's weighted mean (``train/reward/<label>/mean``, dotted). A warm-up is its
     own segment at step 0, from the untrained validation (``val/*`` at step 0) up to the validation after the
     warm-up (``warmup/val/*``), where the RL curves start: the plot credits the warm-up's gain to the warm-up.
     """
@@ -172,6 +173,13 @@ def reward_series(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, list,
             pts = [(0, after)] + [(x, y) for x, y in pts if x != 0]
         if pts:
             out.append((label, [x for x, _ in pts], [y for _, y in pts], style, marker))
+    # Each reward component's weighted contribution (train/reward/<label>/mean), thin and dotted under the totals.
+    components = sorted({k.split("/")[2] for r in records for k in r
+                         if k.startswith("train/reward/") and k.endswith("/mean") and k.count("/") == 3})
+    for label in components:
+        key = f"train/reward/{label}/mean"
+        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
+        out.append((f"train {label}", [x for x, _ in pts], [y for _, y in pts], ":", None))
     return out
 
 
@@ -201,7 +209,7 @@ def reward_figure(run_dir: str | os.PathLike):
         ax.plot(xs, ys, linestyle=style, marker=marker, markersize=4, label=label,
                 **({"color": "grey", "linewidth": 2} if warm else {}))
     if series:
-        ax.legend(loc="best")
+        ax.legend(loc="best", fontsize="small")
     else:
         ax.text(0.5, 0.5, "no reward metrics logged yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("step")
@@ -220,11 +228,17 @@ class ProgressBar:
     """
 
     def __init__(self, total: int, initial: int = 0, desc: str = "train", reward_key: str = "train/reward_mean",
-                 success_key: str = "train/success_rate", file=None, disable: bool | None = False):
+                 success_key: str = "train/success_rate", file=None, disable: bool | None = False,
+                 log_path: str | Path | None = None, lines=None):
         from tqdm.auto import tqdm
 
         self.reward_key, self.success_key = reward_key, success_key
+        self.total = int(total)
         self._file = file or sys.stderr
+        # Without the bar, one line per step on ``lines`` (stdout); with ``log_path``, the same lines in a text log
+        # a person can read later (appended: a resumed run goes on in the same file).
+        self._lines = (lines or sys.stdout) if disable else None
+        self._log = open(log_path, "a") if log_path is not None else None
         self.bar = tqdm(total=int(total), initial=int(initial), desc=desc, file=self._file,
                         dynamic_ncols=True, disable=disable, unit="step")
         self._step = int(initial)
@@ -247,6 +261,24 @@ class ProgressBar:
         self.bar.set_postfix(parts, refresh=False)
         self.bar.update(max(0, int(step) - self._step))
         self._step = max(self._step, int(step))
+        line = self.step_line(step, metrics)
+        for out in (self._lines, self._log):
+            if out is not None:
+                print(line, file=out, flush=True)
+
+    def step_line(self, step: int, metrics: Mapping[str, Any]) -> str:
+        """``step 3/60: reward 0.512, success 0.500, val reward 0.625 success 0.625, 1.42s`` (val only when this
+        step validated)."""
+        def num(key: str) -> str:
+            v = metrics.get(key)
+            return "n/a" if v is None else f"{float(v):.3f}"
+
+        line = f"step {int(step)}/{self.total}: reward {num(self.reward_key)}, success {num(self.success_key)}"
+        if metrics.get("val/reward_mean") is not None:
+            line += f", val reward {num('val/reward_mean')} success {num('val/success_rate')}"
+        if metrics.get("timing/step") is not None:
+            line += f", {float(metrics['timing/step']):.2f}s"
+        return line
 
     def write(self, message: str) -> None:
         """Print a line without breaking the bar."""
@@ -254,6 +286,9 @@ class ProgressBar:
 
     def close(self) -> None:
         self.bar.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def __enter__(self) -> "ProgressBar":
         return self

@@ -10,7 +10,8 @@ builds it: ``env.kwargs``, ``template.kwargs``, ``allocator.kwargs``, ``reward.c
 ``algorithm.loss_cfg`` (the policy loss's options) and ``rollout.engine_kwargs``.
 
 A field's ``metadata``: ``help`` (one line for ``docs/configuration.md``), and optional ``ge`` / ``gt`` (lower
-bounds) and ``choices``; ``None`` always passes a bound (a field that may be null says what null means).
+bounds) and ``choices``; ``None`` always passes a bound (a field that may be null says what null means);
+``commands``: the only commands that read the key (``openmanus-rl train trainer.checkpoint=...`` is refused).
 """
 
 from __future__ import annotations
@@ -23,12 +24,19 @@ from omegaconf import MISSING
 
 
 def opt(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
-        choices: tuple | None = None) -> Any:
-    """A schema field: its default, its one-line meaning and its allowed values."""
-    meta = {"help": help, "ge": ge, "gt": gt, "choices": choices}
+        choices: tuple | None = None, commands: tuple[str, ...] | None = None,
+        instead: dict[str, str] | None = None) -> Any:
+    """A schema field: its default, its one-line meaning and its allowed values; ``commands``: the only commands
+    that read it (another command refuses it, with ``instead[command]``'s advice)."""
+    meta = {"help": help, "ge": ge, "gt": gt, "choices": choices, "commands": commands, "instead": instead}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+# The commands that read a command-specific key (a field's ``commands``).
+ROLLOUT = ("rollout",)
+FROM_CHECKPOINT = ("eval", "export", "rollout")
 
 
 # -------------------------------------------------------------------------------------------- plugin choices
@@ -215,13 +223,15 @@ class RolloutConfig:
     keep_env_errors: bool = opt(False, "keep env_error episodes in the loss (else their response mask is zeroed)")
     sleep_after_rollout: bool = opt(True, "put the engine to sleep after each rollout (frees device memory)")
     num_tasks: int = opt(16, "`openmanus-rl rollout`: how many tasks it plays (generated ids, or the first rows "
-                             "of data.val_files)", ge=1)
-    task_offset: int = opt(0, "`openmanus-rl rollout`: first generated task id", ge=0)
-    tasks_file: Optional[str] = opt(None, "`openmanus-rl rollout`: parquet or jsonl task rows (all of them)")
-    batch_size: int = opt(64, "`openmanus-rl rollout`: episodes per engine batch", ge=1)
+                             "of data.val_files)", ge=1, commands=ROLLOUT)
+    task_offset: int = opt(0, "`openmanus-rl rollout`: first generated task id", ge=0, commands=ROLLOUT)
+    tasks_file: Optional[str] = opt(None, "`openmanus-rl rollout`: parquet or jsonl task rows (all of them)",
+                                    commands=ROLLOUT)
+    batch_size: int = opt(64, "`openmanus-rl rollout`: episodes per engine batch", ge=1, commands=ROLLOUT)
     output_dir: Optional[str] = opt(None, "`openmanus-rl rollout`: output folder (null: "
-                                          "<trainer.output_dir>/<date>/<time>-rollout-<env>)")
-    device: str = opt("cpu", "`openmanus-rl rollout`: the engine's device")
+                                          "<trainer.output_dir>/<date>/<time>-rollout-<env>)",
+                                    commands=ROLLOUT)
+    device: str = opt("cpu", "`openmanus-rl rollout`: the engine's device", commands=ROLLOUT)
 
 
 # --------------------------------------------------------------------------------------------------- training
@@ -317,7 +327,9 @@ class TrainerConfig:
     resume: Optional[str] = opt(None, "null (fresh; an error if run_dir already holds checkpoints or metrics) | auto "
                                 "(the newest checkpoint of run_dir that verifies and loads, falling back to older ones; "
                                 "an error if none does) | never (fresh; an earlier run's checkpoints and metrics are "
-                                "moved to run_dir/previous/) | <checkpoint folder or run directory>")
+                                "moved to run_dir/previous/) | <checkpoint folder or run directory>",
+                                commands=("train",),
+                                instead=dict.fromkeys(FROM_CHECKPOINT, "the checkpoint they read is trainer.checkpoint"))
     val_freq: int = opt(10, "validate every N steps (0: never; also at the end, see val_at_end)", ge=0)
     val_before_train: bool = opt(True, "validate the untrained model (step 0)")
     val_at_end: bool = opt(True, "validate after the last step")
@@ -331,8 +343,12 @@ class TrainerConfig:
     loggers: List[str] = opt(["tensorboard"], "trackers: tensorboard (events next to metrics.jsonl, with the config and "
                                               "hparams), and installed tracker plugins such as wandb, mlflow")
     progress: bool = opt(True, "show a progress bar")
-    checkpoint: Optional[str] = opt(None, "`openmanus-rl eval`: the checkpoint folder or run directory")
-    eval_output: Optional[str] = opt(None, "`openmanus-rl eval`: also write the result as JSON here")
+    checkpoint: Optional[str] = opt(None, "`openmanus-rl eval`: the checkpoint folder or run directory",
+                                    commands=FROM_CHECKPOINT,
+                                    instead={"train": "to continue a run, use trainer.run_dir=<run> "
+                                                      "trainer.resume=auto (or trainer.resume=<checkpoint>)"})
+    eval_output: Optional[str] = opt(None, "`openmanus-rl eval`: also write the result as JSON here",
+                                     commands=("eval",))
     no_signal_warn_steps: int = opt(3, "warn when every advantage was 0 for N steps in a row (0: never)", ge=0)
     max_env_error_steps: int = opt(3, "abort (exit 1, naming the first error) when every episode of N steps in a "
                                       "row ended as env_error (0: never)", ge=0)
@@ -344,8 +360,8 @@ class ExportConfig:
     """`openmanus-rl export`: a checkpoint as a Hugging Face folder (LoRA merged)."""
 
     dir: Optional[str] = opt(None, "the folder to write (config, safetensors, tokenizer, chat template, generation "
-                                   "config); required")
-    overwrite: bool = opt(False, "replace a non-empty export.dir")
+                                   "config); required", commands=("export",))
+    overwrite: bool = opt(False, "replace a non-empty export.dir", commands=("export",))
 
 
 @dataclass

@@ -140,7 +140,8 @@ class Trainer:
         self.run_dir = make_run_dir(cfg)
         self.log(recipe_line(cfg))
         self.resume_path, self._resume_state = resume_point(self.run_dir, cfg.trainer.resume, self.log)
-        (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+        if self.resume_path is None or not (self.run_dir / "config.json").exists():  # a resume keeps the record
+            (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         self.pm = make_plugin_manager()
 
         # The env's servers: checked (or started, by this process only) before any model or tokenizer is built.
@@ -247,6 +248,9 @@ class Trainer:
             if f"rollout/termination/{name}" in ro:
                 out[f"{prefix}/termination/{name}"] = ro[f"rollout/termination/{name}"]
         out[f"timing/{prefix}"] = time.perf_counter() - t0
+        from openmanus_rl_core.commands.rollout import write_validation  # the samples, readable later
+
+        write_validation(self.run_dir, step, prefix, episodes, breakdowns, self.tokenizer, out)
         if self.cfg.trainer.val_samples_to_log:
             for e in episodes[:self.cfg.trainer.val_samples_to_log]:
                 self.log(f"  [{prefix} sample] task {e.trajectory.task_id}: "
@@ -561,8 +565,10 @@ class Trainer:
     def fit(self) -> dict[str, float]:
         from openmanus_rl_core.metrics import LearningSignalWatch, MetricsLogger, ProgressBar, plot_rewards
         from openmanus_rl_core.distributed.worker_group import WorkerGroupError
+        from openmanus_rl_core.stopping import StopOnSignal
 
         tcfg = self.cfg.trainer
+        self.stop = StopOnSignal(self.log).install()  # SIGTERM / Ctrl-C: stop after the step, with a checkpoint
         self.skipped_steps = 0
         start_step = 0
         if self.resume_path is not None:
@@ -598,14 +604,15 @@ class Trainer:
                     first["time/elapsed_s"] = time.perf_counter() - self.t_start
                     self.metrics_logger.log(0, first)
                     last_val = {k: v for k, v in first.items() if k.startswith("val/")}
-            self.bar = ProgressBar(self.total_steps, initial=start_step,
-                                   disable=not tcfg.progress)
+            self.bar = ProgressBar(self.total_steps, initial=start_step, disable=not tcfg.progress,
+                                   log_path=self.run_dir / "train.log")
             self.log.bar = self.bar.bar
             ckpt_seconds = None
             restarts = 0
             signal_watch = LearningSignalWatch(tcfg.no_signal_warn_steps, warmup_hint=self.can_warm_up)
-            step = start_step + 1
-            while step <= self.total_steps:
+            step, saved_step = start_step + 1, start_step
+            self.stop.interrupt = False  # from here a signal ends the step in progress, then saves
+            while step <= self.total_steps and not self.stop.requested:
                 try:
                     metrics = self.train_step(step)
                     is_last = step == self.total_steps
@@ -629,16 +636,20 @@ class Trainer:
                         t0 = time.perf_counter()
                         self.save(step)
                         ckpt_seconds = time.perf_counter() - t0
+                        saved_step = step
                     step += 1
                 except WorkerGroupError as err:
                     restarts += 1
-                    step = self._restart_workers(err, restarts) + 1
-                    ckpt_seconds = None
+                    saved_step = self._restart_workers(err, restarts)
+                    step, ckpt_seconds = saved_step + 1, None
+            if self.stop.requested and step - 1 > saved_step:  # stopped by a signal: keep the steps done
+                self.save(step - 1)
             final = {**last, **last_val}
             if restarts:
                 final["train/worker_restarts"] = float(restarts)
             return final
         finally:
+            self.stop.restore()
             if self.stream is not None:
                 try:
                     self.stream.close()

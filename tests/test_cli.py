@@ -89,3 +89,17 @@ def test_cli_main_train_twice_in_one_process_runs_both_alike(tmp_path, cli_env):
     for key in same:
         assert records[1][-1 if key != "warmup/loss" else 0][key] == pytest.approx(
             records[0][-1 if key != "warmup/loss" else 0][key], abs=1e-6), key
+
+
+def test_plugins_hooks_lists_the_hook_plugins_and_options_lists_each_config_option_with_its_package(cli_env):
+    hooks = subprocess.run(["openmanus-rl", "plugins", "hooks"], capture_output=True, text=True, env=cli_env,
+                           timeout=60)
+    assert hooks.returncode == 0, hooks.stderr
+    assert ["hooks", "tensorboard", "openmanus-rl-core"] in [line.split()[:3] for line in hooks.stdout.splitlines()]
+    assert {line.split()[0] for line in hooks.stdout.splitlines()[1:]} == {"hooks"}
+    out = subprocess.run(["openmanus-rl", "plugins", "options", "--json"], capture_output=True, text=True,
+                         env=cli_env, timeout=60)
+    rows = {r["name"]: r["distribution"] for r in json.loads(out.stdout)}
+    assert rows["env=textcraft"] == "openmanus-rl-env-textcraft" and rows["reward=process"] == "openmanus-rl-rewards"
+    assert rows["algorithm=ppo"] == "openmanus-rl-core"
+    assert rows["+experiment=babyai_goto"] == "openmanus-rl-env-babyai"  # a group outside the defaults list

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from openmanus_rl_core.cli import HELP, JOBS, key_help
+from openmanus_rl_core.cli import HELP, JOBS, check_command_keys, key_help
 from openmanus_rl_core.config import check, compose
 
 
@@ -27,6 +27,8 @@ def test_the_examples_compose_and_name_only_schema_keys(command):
     for example in HELP[command].examples:
         overrides = shlex.split(example)[1 + len(command.split()):]
         check(compose(overrides), training=command == "train")
+        check_command_keys(command, overrides)  # an example sets only keys its command reads
+    check_command_keys(command, [f"{key}=x" for key in HELP[command].keys if "." in key])  # so do its main keys
 
 
 @pytest.mark.parametrize("argv", [["train"], ["data", "make"], ["data", "verify"], ["export"]])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,10 @@ def test_export_writes_a_hugging_face_folder_with_the_checkpoints_log_probs(tmp_
     untrained = AutoModelForCausalLM.from_pretrained(str(tmp_path / family)).eval()
     assert (_log_probs(untrained, tokenizer) - expected).abs().max() > 1e-3  # the export carries the training
     assert json.loads((out / "omrl_export.json").read_text())["step"] == 2
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {
+        p.name: oct(0o666 & ~umask) for p in out.iterdir()}  # every file alike, as the umask says
     # model.path=<exported> is accepted as it is (the model check, and the loader every command uses).
     check_model(ModelConfig(path=str(out)))
     # eval and rollout load the same policy from the checkpoint (the engine gets these merged weights).

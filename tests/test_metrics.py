@@ -159,7 +159,8 @@ def test_the_plot_gives_the_warm_up_its_own_segment_and_integer_steps(tmp_path):
         logger.log(0, {"val/reward_mean": 0.1, "val/success_rate": 0.0, "warmup/val/reward_mean": 0.7,
                        "warmup/val/success_rate": 0.5})
         for step in (1, 2, 3):
-            logger.log(step, {"train/reward_mean": 0.6 + step / 10})
+            logger.log(step, {"train/reward_mean": 0.6 + step / 10, "train/reward/goal/mean": step / 10,
+                              "train/reward/goal/raw_mean": step / 10, "train/reward/format/mean": 0.05})
         logger.log(3, {"val/reward_mean": 0.9, "val/success_rate": 0.8})
     series = {label: (xs, ys) for label, xs, ys, _, _ in reward_series(read_metrics(tmp_path))}
     assert series["warm-up (reward)"] == ([0, 0], [0.1, 0.7])
@@ -167,6 +168,9 @@ def test_the_plot_gives_the_warm_up_its_own_segment_and_integer_steps(tmp_path):
     assert series["val reward"] == ([0, 3], [0.7, 0.9])
     assert series["val success rate"] == ([0, 3], [0.5, 0.8])
     assert series["train reward"][0] == [1, 2, 3]
+    assert series["train goal"] == ([1, 2, 3], [0.1, 0.2, 0.3])  # each component too
+    assert series["train format"] == ([1, 2, 3], [0.05, 0.05, 0.05])
+    assert not any(label.endswith("raw_mean") for label in series)
     fig = reward_figure(tmp_path)
     fig.canvas.draw()
     ticks = fig.axes[0].get_xticks()

@@ -124,6 +124,8 @@ def test_eval_and_rollout_take_the_run_settings_from_its_checkpoint(grpo_run, tm
     printed = capsys.readouterr().out
     assert "from the run: env=key_door, template=react, reward=goal+format+invalid_action, allocator=last_token, memory=full, model=" \
         in printed and "from the command line" not in printed
+    assert f"eval on 8 key_door validation tasks from the run's validation set ({grpo_run / 'data' / 'val.parquet'})" \
+        in printed
     result, final = json.loads(out.read_text()), _records(grpo_run)[-1]
     assert result["tasks"] == 8
     assert result["success_rate"] == pytest.approx(final["val/success_rate"], abs=1e-6)

@@ -14,6 +14,12 @@ from openmanus_rl_core.trainer import mean, quiet_transformers, seed_all
 
 
 def evaluate(cfg: Any, overrides: Sequence[str] = ()) -> int:
+    """``openmanus-rl eval``: :func:`score`, printed (and written to ``trainer.eval_output`` when set)."""
+    score(cfg, overrides)
+    return 0
+
+
+def score(cfg: Any, overrides: Sequence[str] = ()) -> dict:
     """``openmanus-rl eval trainer.checkpoint=<checkpoint or run dir>``: run the env's validation tasks.
 
     From a checkpoint, the env, template, reward, allocator and model are the run's own except where
@@ -32,7 +38,7 @@ def evaluate(cfg: Any, overrides: Sequence[str] = ()) -> int:
     from openmanus_rl_core.rollout import AgentLoop, expand_tasks
 
     quiet_transformers()
-    c, ckpt = adopt_run_config(check(cfg, training=False), overrides)
+    c, ckpt = adopt_run_config(check(cfg, training=False), overrides, run_validation=True)
     seed_all(c.seed)
     policy = load_policy(c, ckpt)
     if policy is None:
@@ -70,9 +76,11 @@ def evaluate(cfg: Any, overrides: Sequence[str] = ()) -> int:
         "seconds": time.perf_counter() - t0,
         **{k: v for k, v in rmetrics.items() if k.endswith("/mean")},
     }
-    print(f"eval on {result['tasks']} {c.env.name} validation tasks: success rate {result['success_rate']:.3f}, "
-          f"mean reward {result['reward_mean']:.3f} ({result['seconds']:.1f}s)")
+    where = (ckpt.val_source if ckpt is not None and ckpt.val_source else
+             str(c.data.val_files) if c.data.val_files else f"generated (env.val_tasks={c.env.val_tasks}, seed={c.seed})")
+    print(f"eval on {result['tasks']} {c.env.name} validation tasks from {where}: success rate "
+          f"{result['success_rate']:.3f}, mean reward {result['reward_mean']:.3f} ({result['seconds']:.1f}s)")
     if c.trainer.eval_output:
         Path(c.trainer.eval_output).parent.mkdir(parents=True, exist_ok=True)
         Path(c.trainer.eval_output).write_text(json.dumps(result, indent=2))
-    return 0
+    return result

@@ -11,6 +11,7 @@ with its chat template, and ``generation_config.json`` (EOS and pad from the tok
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -40,5 +41,10 @@ def export(cfg: Any, overrides: Sequence[str] = ()) -> int:
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
     (out / EXPORT_INFO).write_text(json.dumps({"checkpoint": str(ckpt.path), "step": ckpt.step}, indent=2))
+    umask = os.umask(0)  # read it back: some writers create private (0600) files
+    os.umask(umask)
+    for f in out.rglob("*"):
+        if f.is_file():  # every file the same permissions, as the umask says
+            f.chmod(0o666 & ~umask)
     print(f"exported step {ckpt.step} of {ckpt.path} to {out}", flush=True)
     return 0

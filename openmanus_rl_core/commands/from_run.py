@@ -3,7 +3,8 @@
 A checkpoint saves the whole typed config of its run (``meta.config``). Started with ``trainer.checkpoint=...``,
 these commands take the run's env, template, reward, allocator, memory and model sections (with the env its
 ``rollout.max_turns``), except the sections the command line names (``env=word_copy``, ``model.dtype=bf16``,
-...), and print which came from where. The policy is the run's model folder with the checkpoint's weights
+...), and print which came from where. ``eval`` scores the run's own validation set (the same task file, the same
+``trainer.val_max_tasks``) unless the command line names ``env``, ``data`` or ``trainer.val_max_tasks``. The policy is the run's model folder with the checkpoint's weights
 (LoRA adapters merged).
 """
 
@@ -29,6 +30,7 @@ class RunCheckpoint:
     step: Any
     model_dir: str | None
     weights: dict
+    val_source: str | None = None  # where the validation tasks come from, when they are the run's own
 
 
 def named_sections(overrides: Sequence[str]) -> set[str]:
@@ -36,10 +38,11 @@ def named_sections(overrides: Sequence[str]) -> set[str]:
     return {o.split("=", 1)[0].lstrip("+~").split(".")[0] for o in overrides if "=" in o}
 
 
-def adopt_run_config(c: Config, overrides: Sequence[str],
-                     log: Callable[[str], None] = print) -> tuple[Config, RunCheckpoint | None]:
+def adopt_run_config(c: Config, overrides: Sequence[str], log: Callable[[str], None] = print,
+                     run_validation: bool = False) -> tuple[Config, RunCheckpoint | None]:
     """``(config, checkpoint)``: ``c`` with the checkpoint's run settings in every section of :data:`FROM_RUN`
-    the overrides leave alone; ``(c, None)`` without ``trainer.checkpoint``."""
+    the overrides leave alone (with ``run_validation``, also the run's validation set while the env is the run's
+    own); ``(c, None)`` without ``trainer.checkpoint``."""
     from omegaconf import OmegaConf
 
     from openmanus_rl_core.checkpoint import open_checkpoint
@@ -60,8 +63,13 @@ def adopt_run_config(c: Config, overrides: Sequence[str],
     max_turns_named = any(o.split("=", 1)[0].lstrip("+~") in ("rollout", "rollout.max_turns") for o in overrides)
     if "env" in taken and not max_turns_named and "max_turns" in saved.get("rollout", {}):
         sections["rollout"] = dataclasses.replace(c.rollout, max_turns=saved["rollout"]["max_turns"])
+    val_source = None
+    if run_validation and not named & {"data", "env"} and not any(
+            o.lstrip("+~").startswith("trainer.val_max_tasks=") for o in overrides):
+        sections["data"], sections["trainer"], val_source = _run_validation(c, path, saved)
     c = check(dataclasses.replace(c, **sections), training=False)
-    ckpt = RunCheckpoint(path=path, step=meta.get("step"), model_dir=meta.get("model_dir"), weights=state["model"])
+    ckpt = RunCheckpoint(path=path, step=meta.get("step"), model_dir=meta.get("model_dir"), weights=state["model"],
+                         val_source=val_source)
     described = {"env": c.env.name, "template": c.template.name, "allocator": c.allocator.name,
                  "reward": "+".join(c.reward.components) or "none", "memory": c.memory.name,
                  "model": c.model.path or ckpt.model_dir or "the run's model folder"}
@@ -70,6 +78,21 @@ def adopt_run_config(c: Config, overrides: Sequence[str],
         + ("; from the command line: " + ", ".join(f"{s}={described[s]}" for s in FROM_RUN if s not in taken)
            if len(taken) < len(FROM_RUN) else ""))
     return c, ckpt
+
+
+def _run_validation(c: Config, path: Path, saved: dict) -> tuple[Any, Any, str | None]:
+    """``(data, trainer, where)``: the run's own validation set (the same tasks, the same count) when the command
+    line names neither ``data`` nor ``trainer.val_max_tasks``: the run's task file (``<run_dir>/data/val.parquet``
+    when it generated one) and its ``trainer.val_max_tasks``."""
+    run_data, run_trainer = saved.get("data") or {}, saved.get("trainer") or {}
+    generated = path.parent.parent / "data" / "val.parquet"
+    files = run_data.get("val_files") or (str(generated) if generated.is_file() else None)
+    if files is None:
+        return c.data, c.trainer, None
+    limit = run_trainer.get("val_max_tasks")
+    where = f"the run's validation set ({files}{f', its first {limit}' if limit else ''})"
+    return (dataclasses.replace(c.data, val_files=files),
+            dataclasses.replace(c.trainer, val_max_tasks=limit), where)
 
 
 def _model_dir(path: Path, saved: str | None) -> str:

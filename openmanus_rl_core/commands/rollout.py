@@ -39,7 +39,7 @@ from typing import Any
 
 from openmanus_rl_core.schema import Config
 
-__all__ = ["rollout", "load_task_rows", "episode_record", "write_jsonl", "write_html"]
+__all__ = ["rollout", "load_task_rows", "episode_record", "write_jsonl", "write_html", "write_validation"]
 
 
 
@@ -133,6 +133,22 @@ def episode_record(episode: Any, breakdown: Any | None = None, index: int = 0, t
         "info": t.info,
     }
     return _jsonable(rec)
+
+
+def write_validation(run_dir: str | Path, step: int, prefix: str, episodes: Sequence[Any], breakdowns: Sequence[Any],
+                     tokenizer: Any = None, metrics: Mapping[str, Any] | None = None) -> Path:
+    """One validation's episodes (prompt and context, replies, observations, reward per component) as
+    ``<run_dir>/validation/<prefix>_step_<N>.jsonl``, and the same page ``rollout`` writes next to it (``.html``);
+    the JSONL path."""
+    folder = Path(run_dir) / "validation"
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{prefix.replace('/', '_')}_step_{int(step):06d}"
+    records = [episode_record(e, breakdowns[i], i, tokenizer) for i, e in enumerate(episodes)]
+    summary = {"step": int(step), "episodes": len(records),
+               **{k.split("/", 1)[1]: v for k, v in (metrics or {}).items() if k.startswith(prefix + "/")
+                  and "/" not in k[len(prefix) + 1:]}}
+    write_html(folder / f"{stem}.html", records, summary, title=f"validation at step {step}")
+    return write_jsonl(folder / f"{stem}.jsonl", records)
 
 
 def write_jsonl(path: str | Path, records: Sequence[Mapping[str, Any]]) -> Path:

@@ -2,25 +2,57 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
-from typing import Any
+from typing import Any, Mapping, Sequence
 
+from openmanus_rl_core.checkpoint import list_checkpoints, step_of
+from openmanus_rl_core.resume_config import record_changes
+from openmanus_rl_core.rewards import RewardComposer
 from openmanus_rl_core.trainer import Trainer
 
 
-def train(cfg: Any) -> int:
-    """``openmanus-rl train``: run the fit loop; prints the run directory first and a summary at the end."""
+def train(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None) -> int:
+    """``openmanus-rl train``: run the fit loop; prints the run directory first and a summary at the end.
+    ``changes``: the keys a resume changes (:mod:`openmanus_rl_core.resume_config`), recorded in the run's config
+    history with the step they take effect in."""
+    return run(cfg, changes)[0]
+
+
+def run(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None,
+        rewards: Sequence[Any] = ()) -> tuple[int, dict, Trainer]:
+    """``(exit status, final metrics, trainer)`` of a training run; ``rewards``: extra reward components
+    (:class:`~openmanus_rl_core.rewards.ComponentSpec`) next to the configured ones."""
+    if cfg.trainer.ray_address is None:
+        # A local Ray keeps token authentication on; said explicitly, Ray does not print its notice on every run.
+        # (Joining a cluster follows that cluster's setting.)
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     trainer = Trainer(cfg)
     try:
         trainer.setup()
+        if rewards:  # checked like configured ones: unique labels, finite weights
+            trainer.composer = RewardComposer([*trainer.composer.specs, *rewards])
+        if changes and trainer.resume_path is not None:
+            record_changes(trainer.run_dir, step_of(trainer.resume_path) + 1, changes)
         final = trainer.fit()
+    except KeyboardInterrupt:
+        if getattr(trainer, "stop", None) is None or not trainer.stop.requested:
+            raise
+        final = {}  # a signal before the first step: nothing to save
     finally:
         trainer.shutdown()
     elapsed = time.perf_counter() - trainer.t_start
+    if trainer.stop.requested:  # SIGTERM / Ctrl-C: the steps done are in the newest checkpoint
+        ckpts = list_checkpoints(trainer.run_dir)
+        kept = f"steps up to {ckpts[-1][0]} are in {ckpts[-1][1]}" if ckpts else "no step completed"
+        print(f"stopped by {signal.Signals(trainer.stop.requested).name} after {elapsed:.0f}s; {kept}; continue "
+              f"with: openmanus-rl train trainer.run_dir={trainer.run_dir} trainer.resume=auto", flush=True)
+        return trainer.stop.exit_code, {}, trainer
     val_r, val_s = final.get("val/reward_mean"), final.get("val/success_rate")
     summary = f"done: {trainer.total_steps} steps in {elapsed:.0f}s"
     if val_r is not None:
         summary += f"; final val reward {val_r:.3f}, success rate {val_s:.3f}"
     print(summary, flush=True)
     print(f"run directory: {trainer.run_dir}", flush=True)
-    return 0
+    return 0, final, trainer

@@ -66,6 +66,13 @@ class HFEngine:
     times faster than more (each decoding step is too small to split, and threads spin-wait on a busy machine).
     """
 
+    def _cache_keyword(self) -> str:
+        """The KV-cache argument (and output field) of the model's forward: ``cache`` in newer transformers, where
+        ``past_key_values`` is deprecated; ``past_key_values`` before."""
+        import inspect
+
+        return "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+
     def __init__(self, model: Any, tokenizer: Any, device: str | torch.device = "cpu", seed: int = 0,
                  num_threads: int | None = None):
         self.num_threads = int(num_threads) if num_threads else None
@@ -188,16 +195,17 @@ class HFEngine:
         rows = list(range(B))  # batch row -> output index, for the live rows
         cache = DynamicCache()
         step_input, step_pos = input_ids, position_ids
+        cache_kw = self._cache_keyword()
         for step in range(max_new):
             out = self.model(
                 input_ids=step_input,
                 attention_mask=attn,
                 position_ids=step_pos,
-                past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **{cache_kw: cache},
             )
-            cache = out.past_key_values
+            cache = getattr(out, cache_kw)
             logits = out.logits[:, -1, :].float()
             z = logits / temperature
             logp = torch.log_softmax(z, dim=-1)
