@@ -22,6 +22,12 @@ Columns, over steps 2..N of each run (step 1 fills the stream and pays one-time 
 - staleness: the mean staleness of the trained samples (``stream/staleness_mean``, 0 without the stream).
 
 The machine's load average is printed before and after each row; take numbers on a quiet machine.
+
+    python bench/async.py --learning [--seeds 0,1,2] [--steps 20] [--rows a,b,d]
+
+Learning is not hurt: each row trains ``--steps`` RL steps from the same warmed-up model for each seed, then
+validates greedily on the 60 validation tasks; the table gives the final success per seed, its mean, and the
+run's training time (the sum of its step times).
 """
 
 from __future__ import annotations
@@ -81,16 +87,49 @@ def run_row(overrides: list[str], steps: int, out_dir: Path) -> dict:
     }
 
 
+def learning(rows: list[str], seeds: list[int], steps: int, model: str | None, extra: list[str]) -> None:
+    results: dict[str, list[tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = model or warmed_model(Path(tmp))
+        for seed in seeds:
+            for key in rows:
+                out = Path(tmp) / f"{key}-{seed}"
+                cli("train", *COMMON, f"model.path={model}", f"seed={seed}", f"trainer.total_steps={steps}",
+                    "trainer.val_at_end=true", f"trainer.output_dir={out}", *ROWS[key][1], *extra)
+                recs = [json.loads(x) for x in next(out.rglob("metrics.jsonl")).read_text().splitlines()]
+                final = [r for r in recs if "val/success_rate" in r][-1]["val/success_rate"]
+                train_s = sum(r.get("timing/step", 0.0) for r in recs)
+                results.setdefault(key, []).append((final, train_s))
+                print(f"{ROWS[key][0]} seed {seed}: final val success {final:.3f}, {train_s:.0f} s of steps, "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
+    base = results[rows[0]]
+    print(f"\n| row | final val success per seed | mean | vs first row | train s (mean) | speed-up |")
+    print("|---|---|---|---|---|---|")
+    for key, runs in results.items():
+        mean = statistics.mean(f for f, _ in runs)
+        secs = statistics.mean(t for _, t in runs)
+        print(f"| {ROWS[key][0]} | {', '.join(f'{f:.3f}' for f, _ in runs)} | {mean:.3f} | "
+              f"{mean - statistics.mean(f for f, _ in base):+.3f} | {secs:.0f} | "
+              f"{statistics.mean(t for _, t in base) / secs:.2f}x |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--rows", default="a,b,c,d,e")
+    p.add_argument("--steps", type=int, default=None, help="RL steps per run (6; --learning: 20)")
+    p.add_argument("--rows", default=None, help="rows to run (a,b,c,d,e; --learning: a,b,d)")
+    p.add_argument("--learning", action="store_true", help="final validation success over seeds instead")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--model", default=None, help="a warmed-up model folder to start from (default: made anew)")
     p.add_argument("--json", default=None)
     args, extra = p.parse_known_args()
+    if args.learning:
+        return learning((args.rows or "a,b,d").split(","), [int(s) for s in args.seeds.split(",")],
+                        args.steps or 20, args.model, extra)
+    args.rows, args.steps = args.rows or "a,b,c,d,e", args.steps or 6
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        extra = [f"model.path={warmed_model(Path(tmp))}", *extra]
+        extra = [f"model.path={args.model or warmed_model(Path(tmp))}", *extra]
         for rep in range(args.repeats):  # rows interleaved: a slow minute hurts every row alike
             for key in args.rows.split(","):
                 name, overrides = ROWS[key]
