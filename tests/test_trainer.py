@@ -337,20 +337,24 @@ def uninterrupted(tmp_path_factory, cli_env) -> Path:
     return full
 
 
-@pytest.mark.slow
-def test_a_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_path, cli_env, uninterrupted):
-    full, killed = uninterrupted, tmp_path / "killed"
-
-    # The same run, killed (the whole process group: driver, Ray and its workers) once step 2's checkpoint exists.
-    proc = subprocess.Popen(_cli(killed, []), env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    marker = killed / "checkpoints" / "step_000002" / "COMPLETE"
+def _kill_after_step_2(cmd: list[str], run_dir: Path, env: dict) -> None:
+    """Start ``cmd`` and kill -9 its whole process group (driver, Ray, workers) once step 2's checkpoint exists."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    marker = run_dir / "checkpoints" / "step_000002" / "COMPLETE"
     deadline = time.time() + 600
     while not marker.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_path, cli_env, uninterrupted):
+    full, killed = uninterrupted, tmp_path / "killed"
+
+    # The same run, killed (the whole process group: driver, Ray and its workers) once step 2's checkpoint exists.
+    _kill_after_step_2(_cli(killed, []), killed, cli_env)
     last_logged = max(r["step"] for r in _records(killed))
     assert last_logged < 5
 
@@ -482,15 +486,7 @@ def test_a_stream_run_killed_with_sigkill_resumes_and_keeps_every_metric_before_
     checkpoint stays byte for byte."""
     run = tmp_path / "stream"
     stream = ["env=latency", "env.kwargs.median_ms=5", "rollout.max_staleness=1"]
-    proc = subprocess.Popen(_cli(run, stream), env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    marker = run / "checkpoints" / "step_000002" / "COMPLETE"
-    deadline = time.time() + 600
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    _kill_after_step_2(_cli(run, stream), run, cli_env)
     before = [line for line in (run / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 2]
     import torch
 
