@@ -225,7 +225,7 @@ def test_each_token_records_the_version_that_generated_it_across_a_weight_update
     from openmanus_rl_core.rollout.stream import _LockedEngine
     from openmanus_rl_core.rollout.episodes import EpisodeRunner
     from openmanus_rl_core.models import build_tokenizer
-    from openmanus_rl_core.testing import _OracleEngine
+    from openmanus_rl_core.testing.envs import _OracleEngine
 
     import threading
 
@@ -256,3 +256,21 @@ def test_each_token_records_the_version_that_generated_it_across_a_weight_update
     assert set(ep.versions[a1:b0]) == {-1}  # the observation between the replies
     assert len(ep.versions) == len(ep.response_ids)
     assert ep.oldest_version == 0 and group_staleness([ep.versions], 2) == 2
+
+
+def test_a_stream_resumed_at_a_later_version_admits_one_window_not_all_earlier_steps():
+    """Resumed at version 5 (a checkpoint), the stream admits (eta + 1) * B groups, as at version 0, and nothing it
+    trains is staler than eta."""
+    B, eta = 4, 1
+    actor = SimActor(seed=9)
+    stream = GroupStream(actor, RolloutConfig(n=2, max_staleness=eta), _tasks, B)
+    actor.version = 5
+    for v in range(5, 9):
+        metrics: dict = {}
+        eps = stream.next_batch(v, metrics)
+        if v == 5:
+            assert actor.submitted <= (eta + 1) * B + B  # one window, plus what freed up as groups completed
+        assert metrics["stream/staleness_max"] <= eta and metrics["rollout/groups_dropped"] == 0
+        assert len({e.group_id for e in eps}) == B
+        actor.advance(3)
+        actor.version = v + 1

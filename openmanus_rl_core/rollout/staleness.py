@@ -36,6 +36,13 @@ class Admission:
         self.running = 0
         self.consumed = 0
 
+    def begin(self, version: int) -> None:
+        """A stream starting (or resuming from a checkpoint) at ``version``: the ``version * B`` groups trained
+        before it count as accepted, so the window holds ``(η + 1) * B`` groups again, not ``(η + v + 1) * B``."""
+        self.version = int(version)
+        self.accepted = self.consumed = self.version * self.B
+        self.running = 0
+
     @property
     def capacity(self) -> int:
         return (self.eta + self.version + 1) * self.B

@@ -184,10 +184,11 @@ class GroupStream:
     def next_batch(self, version: int, metrics: dict[str, float]) -> list[Episode]:
         """The episodes of the (at most B) groups to train at policy version ``version`` (optimizer steps
         completed)."""
+        adm = self.admission
         if not self.started:
             self.actor.call("stream_start")
             self.started = True
-        adm = self.admission
+            adm.begin(version)
         adm.version = version
         stats: Counter = Counter()
         filtered = dropped = 0
