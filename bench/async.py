@@ -2,9 +2,10 @@
 
     python bench/async.py [--repeats 3] [--steps 6] [--rows a,b,c,d,e] [--json out.json] [hydra overrides ...]
 
-Every row is ``openmanus-rl train`` in a fresh process, on the embedded default's model behind the ``latency`` env
-(key_door, each step waiting a seeded lognormal time: median 50 ms, sigma 1.2), 16 tasks x 8 samples = 128
-episodes per step, a short supervised warm-up (so replies and episode lengths are those of a learning policy), no
+First the embedded default's model is warmed up once on key_door's demonstrations (60 supervised steps, so replies
+and episode lengths are those of a learning policy) and exported. Every row is then ``openmanus-rl train`` of that
+folder in a fresh process (``actor.lr`` as the tiny model's recipe), behind the ``latency`` env (key_door, each
+step waiting a seeded lognormal time: median 50 ms, sigma 1.2), 16 tasks x 8 samples = 128 episodes per step, no
 validation. Rows:
 
 - (a) ``rollout.mode=lockstep``: today's loop, each turn waits for its slowest env call;
@@ -21,6 +22,12 @@ Columns, over steps 2..N of each run (step 1 fills the stream and pays one-time 
 - staleness: the mean staleness of the trained samples (``stream/staleness_mean``, 0 without the stream).
 
 The machine's load average is printed before and after each row; take numbers on a quiet machine.
+
+    python bench/async.py --learning [--seeds 0,1,2] [--steps 20] [--rows a,b,d]
+
+Learning is not hurt: each row trains ``--steps`` RL steps from the same warmed-up model for each seed, then
+validates greedily on the 60 validation tasks; the table gives the final success per seed, its mean, and the
+run's training time (the sum of its step times).
 """
 
 from __future__ import annotations
@@ -41,18 +48,31 @@ ROWS = {
     "d": ("(d) stream, eta=2", ["rollout.max_staleness=2"]),
     "e": ("(e) stream, eta=4", ["rollout.max_staleness=4"]),
 }
-COMMON = ["env=latency", "data.train_batch_size=16", "rollout.n=8", "warmup.steps=60", "trainer.val_freq=0",
-          "trainer.val_before_train=false", "trainer.val_at_end=false", "warmup.validate=false",
-          "trainer.progress=false", "trainer.save_freq=0"]
+QUIET = ["trainer.val_freq=0", "trainer.val_before_train=false", "trainer.val_at_end=false", "trainer.progress=false",
+         "trainer.save_freq=0"]
+COMMON = ["env=latency", "data.train_batch_size=16", "rollout.n=8", "actor.lr=0.0005", *QUIET]
 
 
-def run_row(overrides: list[str], steps: int, out_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "openmanus_rl_core.cli", "train", *COMMON, f"trainer.total_steps={steps}",
-           f"trainer.output_dir={out_dir}", *overrides]
-    load_before = os.getloadavg()[0]
+def cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "openmanus_rl_core.cli", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return proc
+
+
+def warmed_model(tmp: Path) -> Path:
+    """The embedded default's model after 60 warm-up steps on key_door, as a Hugging Face folder."""
+    run = tmp / "warm-run"
+    cli("train", "env=key_door", "warmup.steps=60", "warmup.validate=false", "trainer.total_steps=1",
+        f"trainer.run_dir={run}", *QUIET)
+    cli("export", f"trainer.checkpoint={run}", f"export.dir={tmp / 'warm'}")
+    return tmp / "warm"
+
+
+def run_row(overrides: list[str], steps: int, out_dir: Path) -> dict:
+    load_before = os.getloadavg()[0]
+    cli("train", *COMMON, f"trainer.total_steps={steps}", f"trainer.output_dir={out_dir}", *overrides)
     metrics = next(out_dir.rglob("metrics.jsonl"))
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     steps_rows = [r for r in rows if r.get("step", 0) >= 2 and "timing/step" in r]
@@ -67,15 +87,49 @@ def run_row(overrides: list[str], steps: int, out_dir: Path) -> dict:
     }
 
 
+def learning(rows: list[str], seeds: list[int], steps: int, model: str | None, extra: list[str]) -> None:
+    results: dict[str, list[tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = model or warmed_model(Path(tmp))
+        for seed in seeds:
+            for key in rows:
+                out = Path(tmp) / f"{key}-{seed}"
+                cli("train", *COMMON, f"model.path={model}", f"seed={seed}", f"trainer.total_steps={steps}",
+                    "trainer.val_at_end=true", f"trainer.output_dir={out}", *ROWS[key][1], *extra)
+                recs = [json.loads(x) for x in next(out.rglob("metrics.jsonl")).read_text().splitlines()]
+                final = [r for r in recs if "val/success_rate" in r][-1]["val/success_rate"]
+                train_s = sum(r.get("timing/step", 0.0) for r in recs)
+                results.setdefault(key, []).append((final, train_s))
+                print(f"{ROWS[key][0]} seed {seed}: final val success {final:.3f}, {train_s:.0f} s of steps, "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
+    base = results[rows[0]]
+    print(f"\n| row | final val success per seed | mean | vs first row | train s (mean) | speed-up |")
+    print("|---|---|---|---|---|---|")
+    for key, runs in results.items():
+        mean = statistics.mean(f for f, _ in runs)
+        secs = statistics.mean(t for _, t in runs)
+        print(f"| {ROWS[key][0]} | {', '.join(f'{f:.3f}' for f, _ in runs)} | {mean:.3f} | "
+              f"{mean - statistics.mean(f for f, _ in base):+.3f} | {secs:.0f} | "
+              f"{statistics.mean(t for _, t in base) / secs:.2f}x |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--rows", default="a,b,c,d,e")
+    p.add_argument("--steps", type=int, default=None, help="RL steps per run (6; --learning: 20)")
+    p.add_argument("--rows", default=None, help="rows to run (a,b,c,d,e; --learning: a,b,d)")
+    p.add_argument("--learning", action="store_true", help="final validation success over seeds instead")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--model", default=None, help="a warmed-up model folder to start from (default: made anew)")
     p.add_argument("--json", default=None)
     args, extra = p.parse_known_args()
+    if args.learning:
+        return learning((args.rows or "a,b,d").split(","), [int(s) for s in args.seeds.split(",")],
+                        args.steps or 20, args.model, extra)
+    args.rows, args.steps = args.rows or "a,b,c,d,e", args.steps or 6
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        extra = [f"model.path={args.model or warmed_model(Path(tmp))}", *extra]
         for rep in range(args.repeats):  # rows interleaved: a slow minute hurts every row alike
             for key in args.rows.split(","):
                 name, overrides = ROWS[key]

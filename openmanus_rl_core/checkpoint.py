@@ -306,7 +306,7 @@ def checkpoint_problem(path: str | os.PathLike, verify: str | None = "sha256") -
     """Why ``path`` is not a usable checkpoint, or None when it is.
 
     ``verify``: ``"sha256"`` checks sizes and checksums of every listed file, ``"size"`` sizes only,
-    ``None`` only that the marker exists and parses.
+    ``None`` only that the marker parses and every file it lists exists.
     """
     path = Path(path)
     if not path.is_dir():
@@ -320,13 +320,13 @@ def checkpoint_problem(path: str | os.PathLike, verify: str | None = "sha256") -
     for k in manifest["keys"]:
         if f"{k}.pt" not in manifest["files"]:
             return f"{path}: the manifest lists key {k!r} but no file {k}.pt"
+    for name in manifest["files"]:  # at every level: a listed file that is gone makes the folder unusable
+        if not (path / name).is_file():
+            return f"{path}: {name} is listed in the manifest but missing"
     if verify in (None, "none"):
         return None
     for name, info in manifest["files"].items():  # every size first: cheap, and catches truncation
-        f = path / name
-        if not f.is_file():
-            return f"{path}: {name} is missing"
-        size = f.stat().st_size
+        size = (path / name).stat().st_size
         if size != info["size"]:
             return f"{path}: {name} has {size} bytes, the manifest says {info['size']}"
     if verify == "sha256":

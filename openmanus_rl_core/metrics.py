@@ -40,6 +40,12 @@ TENSORBOARD_DIR = "tensorboard"
 PLOT_FILE = "rewards.png"
 
 
+def mean(xs: Sequence[float]) -> float:
+    """The mean of ``xs`` (NaN when empty)."""
+    xs = [float(x) for x in xs]
+    return float(sum(xs) / len(xs)) if xs else float("nan")
+
+
 def _to_float(value: Any, key: str) -> float | None:
     """A metric value as a float, or None for NaN/inf. Tensors and numpy scalars must hold one number."""
     if hasattr(value, "item") and callable(value.item):  # torch tensor, numpy scalar/array of one element

@@ -48,30 +48,25 @@ so once and falls back to ``compute`` per trajectory.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import hashlib
-import importlib.util
 import inspect
 import logging
 import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from openmanus_rl_core.protocols import Trajectory
 from openmanus_rl_core.registry import registry
+from openmanus_rl_core.reward_files import DEFAULT_FUNCTION, RewardFileError, check_reward_file, load_reward_file
 
 __all__ = ["RewardBreakdown", "RewardComposer", "FunctionReward", "ComponentSpec", "build_component",
-           "RewardFileError", "check_reward_file", "load_reward_file"]
+           "DEFAULT_FUNCTION", "RewardFileError", "check_reward_file", "load_reward_file"]
 
 log = logging.getLogger(__name__)
 
 _SPEC_KEYS = ("name", "weight", "kwargs", "path", "function")
-DEFAULT_FUNCTION = "compute_score"
-"""The function a ``path:`` reward component names when it gives no ``function`` (verl's name)."""
 # Compute_turns may differ from compute by float rounding; beyond this (relative) the component is
 # inconsistent and we say so once. Either way the residual lands on the last turn so the sums agree.
 _TURN_SUM_RTOL = 1e-6
@@ -230,54 +225,6 @@ def build_component(obj: Any, kwargs: Mapping[str, Any] | None = None, *, label:
         f"reward {label!r}: {name!r} is registered as {obj!r}, which is neither a RewardComponent class, "
         "an object with a compute() method, nor a compute_score(solution_str, ground_truth, **kw) function"
     )
-
-
-class RewardFileError(ValueError):
-    """A ``path:`` reward component that cannot be used; the message names the label, the file and the function."""
-
-
-def _file_and_function(label: str, spec: Mapping[str, Any]) -> tuple[Path, str]:
-    if spec.get("name"):
-        raise RewardFileError(f"reward {label!r}: give either name (an installed reward plugin) or path (a Python "
-                              f"file), not both (name={spec['name']!r}, path={spec['path']!r})")
-    path = Path(str(spec["path"])).expanduser()
-    function = str(spec.get("function") or DEFAULT_FUNCTION)
-    if not path.is_file():
-        raise RewardFileError(f"reward {label!r}: path={spec['path']} is not a file; give the Python file that "
-                              f"defines {function}(data_source, solution_str, ground_truth, extra_info)")
-    return path, function
-
-
-def check_reward_file(label: str, spec: Mapping[str, Any]) -> None:
-    """Before anything runs: the file exists, parses, and defines ``function`` at its top level (read, not run)."""
-    path, function = _file_and_function(label, spec)
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except SyntaxError as exc:
-        raise RewardFileError(f"reward {label!r}: {path} line {exc.lineno}: {exc.msg}") from None
-    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    assigned = [t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)]
-    if function not in defined + assigned:
-        raise RewardFileError(f"reward {label!r}: {path} defines no function {function!r} (its functions: "
-                              f"{', '.join(defined) or 'none'}); set function=<name>")
-
-
-def load_reward_file(label: str, spec: Mapping[str, Any]) -> Callable[..., Any]:
-    """The scorer ``spec["function"]`` of the Python file ``spec["path"]``, imported as a module of its own (no
-    package, no ``sys.path`` change)."""
-    path, function = _file_and_function(label, spec)
-    module_name = f"openmanus_rl_reward_file_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
-    loader_spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(loader_spec)
-    try:
-        loader_spec.loader.exec_module(module)
-    except Exception as exc:
-        raise RewardFileError(f"reward {label!r}: importing {path} failed: {type(exc).__name__}: {exc}") from None
-    fn = getattr(module, function, None)
-    if not callable(fn):
-        raise RewardFileError(f"reward {label!r}: {path} has no function {function!r}"
-                              + ("" if fn is None else f" ({function} is a {type(fn).__name__})"))
-    return fn
 
 
 def _check_weight(label: str, weight: Any) -> float:

@@ -4,17 +4,19 @@ One training step (:meth:`Trainer.train_step`; the driver orchestrates, the heav
 each phase a method of that name::
 
     phase_rollout        tasks (TaskSampler) --expand n--> one shard per actor rank; every rank runs the agent loop
-                         with its own engine and envs; hook process_trajectories                  timing/rollout
+                         with its own engine and envs (dynamic sampling replaces groups without spread); or,
+                         with rollout.max_staleness, B groups from the stream (rollout/stream.py)  timing/rollout
     phase_reward         reward composer (weighted components) -> allocator -> token_level_scores  timing/reward
     phase_log_probs      old log-probs (the PPO ratio's behaviour policy) and reference log-probs  timing/old_log_prob
     phase_values         critic values (PPO with GAE)                                              timing/values
     phase_advantages     KL as a reward penalty (scores - beta * kl), then the estimator by name   timing/adv
     phase_update_critic  value regression (mini-batches x ppo_epochs, grad clip)                   timing/update_critic
-    phase_update_actor   policy update (mini-batches x ppo_epochs, grad clip)                     timing/update_actor
+    phase_update_actor   policy update (mini-batches x ppo_epochs, grad clip; the rollout correction,
+                         algorithms/correction.py, when on)                                        timing/update_actor
     phase_sync_weights   new weights gathered and pushed into every rank's rollout engine         timing/sync_weights
 
-then, in :meth:`Trainer.fit`: validation, the log (metrics.jsonl, TensorBoard, progress bar, hooks) and the
-checkpoint.
+then, in :meth:`Trainer.fit`: validation (validation.py), the log (metrics.jsonl, trackers, progress bar, hooks)
+and the checkpoint (trainer_state.py). The supervised warm-up is :func:`openmanus_rl_core.warmup.warm_up`.
 
 The embedded default (``openmanus-rl train`` with no overrides) builds a tiny Qwen2-style model and a tokenizer
 trained on the env's oracle episodes, validates it untrained (step 0), runs a short supervised warm-up on oracle
@@ -33,10 +35,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from openmanus_rl_core.algorithms.correction import correction_on
 from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter
 from openmanus_rl_core.config import check
-from openmanus_rl_core.protocols import TERMINATIONS
+from openmanus_rl_core.metrics import mean
 from openmanus_rl_core.schema import Config
+from openmanus_rl_core.trainer_state import restore, save
+from openmanus_rl_core.validation import validate
+from openmanus_rl_core.warmup import warm_up
 
 __all__ = ["Trainer", "seed_all", "mean", "quiet_transformers"]
 
@@ -52,11 +58,6 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-
-
-def mean(xs: Sequence[float]) -> float:
-    xs = [float(x) for x in xs]
-    return float(sum(xs) / len(xs)) if xs else float("nan")
 
 
 def quiet_transformers() -> None:
@@ -179,9 +180,8 @@ class Trainer:
         # Old log-probs of the PPO ratio: auto (recomputed by the actor only when the update is off-policy within
         # a step), true (always recomputed), false (never), rollout (the engine's sampling log-probs).
         self.old_log_probs_mode = self.algo.recompute_old_log_probs
-        # Off-policy correction (algorithms/correction.py): the engine's log-probs are the behaviour policy.
-        stream = cfg.rollout.max_staleness is not None
-        self.correct = self.algo.rollout_correction == "tis" or (self.algo.rollout_correction == "auto" and stream)
+        # Off-policy correction in the actor's update (algorithms/correction.py): it needs the engine's log-probs.
+        self.correct = correction_on(cfg)
         fg = self.algo.filter_groups
         self.group_filter = GroupFilter(self.composer, fg.metric) if fg.enabled else None
         self.max_extra_groups = cfg.data.train_batch_size if fg.max_extra_groups is None else fg.max_extra_groups
@@ -224,68 +224,6 @@ class Trainer:
         parts = self.actor.call_each("rollout", [(s,) for s in shards], overrides=overrides, keep_rng=keep_rng)
         return [ep for part in parts for ep in part]
 
-    def validate(self, step: int, prefix: str = "val") -> dict[str, float]:
-        """Greedy (or low-temperature) episodes on every validation task: ``<prefix>/reward_mean``,
-        ``<prefix>/success_rate`` and the reward breakdown. The sampling RNG is left untouched."""
-        from openmanus_rl_core.rollout import expand_tasks, rollout_metrics
-
-        t0 = time.perf_counter()
-        tasks = [dict(t, group_id=f"val:{i}") for i, t in enumerate(self.val_tasks)]
-        tasks = expand_tasks(tasks, 1)
-        overrides = {"n": 1, "greedy": self.cfg.trainer.val_greedy, "temperature": self.cfg.trainer.val_temperature}
-        episodes = self._rollout(tasks, overrides, keep_rng=True)
-        trajs = [e.trajectory for e in episodes]
-        breakdowns, rmetrics = self.composer.compose_batch(trajs)
-        out = {
-            f"{prefix}/reward_mean": mean([b.total for b in breakdowns]),
-            f"{prefix}/success_rate": mean([bool(t.success) for t in trajs]),
-            f"{prefix}/num_turns": mean([t.num_turns for t in trajs]),
-            f"{prefix}/response_length": mean([sum(e.response_mask) for e in episodes]),
-        }
-        out.update({f"{prefix}/{k}": v for k, v in rmetrics.items() if k.endswith("/mean")})
-        ro = rollout_metrics(episodes)
-        for name in TERMINATIONS:
-            if f"rollout/termination/{name}" in ro:
-                out[f"{prefix}/termination/{name}"] = ro[f"rollout/termination/{name}"]
-        out[f"timing/{prefix}"] = time.perf_counter() - t0
-        from openmanus_rl_core.commands.rollout import write_validation  # the samples, readable later
-
-        write_validation(self.run_dir, step, prefix, episodes, breakdowns, self.tokenizer, out)
-        if self.cfg.trainer.val_samples_to_log:
-            for e in episodes[:self.cfg.trainer.val_samples_to_log]:
-                self.log(f"  [{prefix} sample] task {e.trajectory.task_id}: "
-                         + " | ".join(repr(t.response) for t in e.trajectory.turns))
-        return out
-
-    # ------------------------------------------------------------------------------------------ warm-up
-    def warmup(self) -> dict[str, float]:
-        from openmanus_rl_core.warmup import build_demonstrations, run_warmup
-
-        wcfg = self.cfg.warmup
-        if not wcfg.enabled or wcfg.steps <= 0:
-            return {}
-        t0 = time.perf_counter()
-        # Demonstrations come from the training tasks only (never the validation tasks).
-        demo_tasks = self.train_tasks[:wcfg.num_demos or len(self.train_tasks)]
-        demos = build_demonstrations(self.env_factory, self.template, self.tokenizer, demo_tasks,
-                                     self.cfg.rollout.max_turns)
-        if not demos:
-            self.can_warm_up = False
-            self.log(f"warm-up skipped: env {self.cfg.env.name!r} has no oracle and the training tasks carry "
-                     f"no demonstrations (warmup.enabled=false silences this)")
-            return {}
-
-        def step_fn(shards, lr):
-            return self.actor.call_each("sft_update", [(s, lr, wcfg.grad_clip) for s in shards])
-
-        metrics = run_warmup(step_fn, demos, self.pad_token_id, self.actor.size, wcfg.steps, wcfg.batch_size,
-                             wcfg.lr, self.seed, wcfg.warmup_ratio, log=self.log, lr_schedule=wcfg.lr_schedule)
-        self.actor.call("end_warmup")
-        self.actor.call("sync_rollout_weights")
-        metrics["warmup/seconds"] = time.perf_counter() - t0
-        metrics["warmup/from_data"] = float(sum(bool(t.get("demonstration")) for t in demo_tasks))
-        return metrics
-
     # -------------------------------------------------------------------------------------- one step
     def train_step(self, step: int) -> dict[str, float]:
         """One step: the phases below, in order (see the module doc); returns the step's metrics."""
@@ -299,7 +237,6 @@ class Trainer:
             self.phase_log_probs(batch, metrics)
             self.phase_values(batch)
             self.phase_advantages(batch, metrics)
-            self.phase_correction(batch, metrics)
             self.phase_update_critic(batch, step, metrics)
             if step > self.cfg.critic.warmup_steps:  # the actor waits while a fresh critic learns
                 self.phase_update_actor(batch, step, metrics)
@@ -407,7 +344,7 @@ class Trainer:
         mini = self.cfg.actor.ppo_mini_batch_size
         multi = self.cfg.actor.ppo_epochs > 1 or (mini is not None and mini < len(batch))
         with_ref = algo.use_kl_in_reward or algo.use_kl_loss
-        need_old = mode == "true" or (mode == "auto" and multi) or algo.use_kl_in_reward or self.correct
+        need_old = mode == "true" or (mode == "auto" and multi) or algo.use_kl_in_reward
         if mode == "rollout":
             batch["old_log_probs"] = batch["rollout_log_probs"]
         elif need_old or with_ref:
@@ -463,18 +400,6 @@ class Trainer:
             zero = ((advantages.abs() * m).sum(-1) == 0) & rows
             metrics["train/zero_adv_frac"] = float(zero.sum()) / float(rows.sum())
 
-    def phase_correction(self, batch, metrics: dict[str, float]) -> None:
-        """Decoupled PPO with truncated importance sampling (``algorithm.rollout_correction``): each token's
-        advantage times ``min(pi_old / pi_engine, tis_cap)`` (algorithms/correction.py)."""
-        from openmanus_rl_core.algorithms.correction import truncated_is_weights
-
-        if not self.correct:
-            return
-        w, cm = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
-                                     self.algo.tis_cap)
-        batch["advantages"] = batch["advantages"] * w
-        metrics.update(cm)
-
     def phase_update_critic(self, batch, step: int, metrics: dict[str, float]) -> None:
         """The critic's update on ``values`` and ``returns`` (only with a critic)."""
         from openmanus_rl_core.distributed.sharding import shard_batch
@@ -491,7 +416,8 @@ class Trainer:
         from openmanus_rl_core.distributed.sharding import shard_batch
 
         shards, _ = shard_batch(batch, self.actor.size)
-        keys = [*LEAN_KEYS, "advantages", *(k for k in ("old_log_probs", "ref_log_probs") if k in batch)]
+        keys = [*LEAN_KEYS, "advantages", *(k for k in ("old_log_probs", "ref_log_probs") if k in batch),
+                *(["rollout_log_probs"] if self.correct else [])]
         with self.timer("update_actor"):
             ams = self.actor.call_each("update", [(s.select(keys), step) for s in shards])
         metrics.update(_avg(ams))
@@ -510,69 +436,6 @@ class Trainer:
         shards, pad = shard_batch(batch, self.actor.size)
         return [s.select(LEAN_KEYS) for s in shards], pad
 
-    # ---------------------------------------------------------------------------------------- checkpoint
-    def save(self, step: int) -> Path:
-        from openmanus_rl_core.checkpoint import capture_rng_state, save_checkpoint
-
-        t0 = time.perf_counter()
-        actor_states = self.actor.call("get_state")
-        state: dict[str, Any] = {
-            "model": actor_states[0]["model"],
-            "optimizer": actor_states[0]["optimizer"],
-            "scheduler": actor_states[0]["scheduler"],
-            "rng": {"driver": capture_rng_state(), "actor": [s["rng"] for s in actor_states]},
-            "sampler": self.sampler.state_dict(),
-            "trainer": {"step": int(step), "skipped_steps": int(self.skipped_steps),
-                        "kl_coef": float(self.kl_ctrl.value), "total_steps": int(self.total_steps),
-                        "warmup_done": True, "policy_version": int(self.policy_version)},
-            "meta": {"model_dir": str(self.model_dir), "step": int(step), "config": dataclasses.asdict(self.cfg),
-                     "lora": self.cfg.model.lora.enabled},
-        }
-        if self.stream is not None:
-            state["stream"] = self.stream.state_dict()
-        if self.critic is not None:
-            critic_states = self.critic.call("get_state")
-            state["critic"] = {"model": critic_states[0]["model"], "optimizer": critic_states[0]["optimizer"],
-                               "scheduler": critic_states[0]["scheduler"]}
-            state["rng"]["critic"] = [s["rng"] for s in critic_states]
-        path = save_checkpoint(self.run_dir, step, state, keep_last=self.cfg.trainer.max_checkpoints)
-        self.log(f"checkpoint: {path} ({time.perf_counter() - t0:.1f}s)")
-        return path
-
-    def restore(self, path: Path, state: dict | None = None) -> int:
-        """Load the checkpoint's state (``state``, when already read from ``path``) into the workers and the
-        driver; returns its step."""
-        import ray
-
-        from openmanus_rl_core.checkpoint import load_checkpoint, restore_rng_state
-
-        state = load_checkpoint(path) if state is None else state
-        model_ref = ray.put(state["model"])
-        optim_ref = ray.put(state["optimizer"])
-        rngs = state["rng"]["actor"]
-        if len(rngs) != self.actor.size:
-            raise RuntimeError(f"{path} was saved by {len(rngs)} actor workers but this run has {self.actor.size}; "
-                               f"resume with trainer.num_workers={len(rngs)}")
-        self.actor.call_each("load_state", [(model_ref, optim_ref, state["scheduler"], rngs[r])
-                                            for r in range(self.actor.size)])
-        if self.critic is not None:
-            if "critic" not in state:
-                raise RuntimeError(f"{path} holds no critic state; it was saved by a run without a critic")
-            c = state["critic"]
-            cm, co = ray.put(c["model"]), ray.put(c["optimizer"])
-            crngs = state["rng"]["critic"]
-            self.critic.call_each("load_state", [(cm, co, c["scheduler"], crngs[r]) for r in range(self.critic.size)])
-        self.sampler.load_state_dict(state["sampler"])
-        t = state["trainer"]
-        self.skipped_steps = int(t.get("skipped_steps", 0))
-        self.kl_ctrl.value = float(t.get("kl_coef", self.kl_ctrl.value))
-        restore_rng_state(state["rng"]["driver"])
-        self.policy_version = int(t.get("policy_version", t["step"]))
-        self._stream_state = state.get("stream")
-        if self.cfg.rollout.max_staleness is not None:  # the stream tags tokens with the engine's version
-            self.actor.call("sync_rollout_weights", version=self.policy_version)
-        return int(t["step"])
-
     # ------------------------------------------------------------------------------------------------ fit
     def fit(self) -> dict[str, float]:
         from openmanus_rl_core.metrics import LearningSignalWatch, MetricsLogger, ProgressBar, plot_rewards
@@ -584,7 +447,7 @@ class Trainer:
         self.skipped_steps = 0
         start_step = 0
         if self.resume_path is not None:
-            start_step = self.restore(self.resume_path, self._resume_state)
+            start_step = restore(self, self.resume_path, self._resume_state)
             self._resume_state = None
             self.log(f"resumed from {self.resume_path} (step {start_step})")
         # Resumed: the lines logged after the checkpoint go (those steps run again). A fresh start finds no earlier
@@ -599,15 +462,15 @@ class Trainer:
             if self.resume_path is None:
                 first: dict[str, float] = {}
                 if tcfg.val_before_train:
-                    first.update(self.validate(0))
+                    first.update(validate(self, 0))
                     self.log(f"step 0 (untrained): val reward {first['val/reward_mean']:.3f}, "
                              f"success {first['val/success_rate']:.3f}")
-                wm = self.warmup()
+                wm = warm_up(self)
                 if wm:
                     first.update(wm)
                     msg = f"warm-up: {int(wm['warmup/steps'])} steps in {wm['warmup/seconds']:.1f}s, loss {wm['warmup/loss']:.4f}"
                     if self.cfg.warmup.validate:
-                        post = self.validate(0, prefix="warmup/val")
+                        post = validate(self, 0, prefix="warmup/val")
                         first.update(post)
                         msg += (f"; val reward after warm-up {post['warmup/val/reward_mean']:.3f}, "
                                 f"success {post['warmup/val/success_rate']:.3f}")
@@ -629,7 +492,7 @@ class Trainer:
                     metrics = self.train_step(step)
                     is_last = step == self.total_steps
                     if (val_freq and step % val_freq == 0) or (is_last and tcfg.val_at_end):
-                        metrics.update(self.validate(step))
+                        metrics.update(validate(self, step))
                         last_val = {k: v for k, v in metrics.items() if k.startswith("val/")}
                     metrics["time/elapsed_s"] = time.perf_counter() - self.t_start
                     if ckpt_seconds is not None:  # the previous checkpoint's write time
@@ -646,7 +509,7 @@ class Trainer:
                     last = metrics
                     if (save_freq and step % save_freq == 0) or (is_last and tcfg.save_at_end):
                         t0 = time.perf_counter()
-                        self.save(step)
+                        save(self, step)
                         ckpt_seconds = time.perf_counter() - t0
                         saved_step = step
                     step += 1
@@ -655,7 +518,7 @@ class Trainer:
                     saved_step = self._restart_workers(err, restarts)
                     step, ckpt_seconds = saved_step + 1, None
             if self.stop.requested and step - 1 > saved_step:  # stopped by a signal: keep the steps done
-                self.save(step - 1)
+                save(self, step - 1)
             final = {**last, **last_val}
             if restarts:
                 final["train/worker_restarts"] = float(restarts)
@@ -706,7 +569,7 @@ class Trainer:
         self.actor = self.critic = None
         self.stream = None  # its ranks are gone; the checkpoint's groups are played again
         self._start_workers()
-        step = self.restore(path, state)
+        step = restore(self, path, state)
         # The lines logged after that checkpoint are dropped: those steps run again.
         self.metrics_logger.close()
         self.metrics_logger = MetricsLogger(self.run_dir, tensorboard="tensorboard" in self.cfg.trainer.loggers, resume_step=step)

@@ -205,3 +205,33 @@ def run_warmup(step_fn: Callable[[list[Batch], float], list[dict]], demos: Seque
         "warmup/skipped_steps": float(skipped),
         "warmup/seconds": time.perf_counter() - t0,
     }
+
+
+def warm_up(trainer: Any) -> dict[str, float]:
+    """The supervised warm-up of ``trainer``'s actor on demonstrations (its own tasks' or the env's oracle), then
+    the weights into the engines; its metrics ({} when off or when there is nothing to learn from)."""
+    wcfg = trainer.cfg.warmup
+    if not wcfg.enabled or wcfg.steps <= 0:
+        return {}
+    t0 = time.perf_counter()
+    # Demonstrations come from the training tasks only (never the validation tasks).
+    demo_tasks = trainer.train_tasks[:wcfg.num_demos or len(trainer.train_tasks)]
+    demos = build_demonstrations(trainer.env_factory, trainer.template, trainer.tokenizer, demo_tasks,
+                                 trainer.cfg.rollout.max_turns)
+    if not demos:
+        trainer.can_warm_up = False
+        trainer.log(f"warm-up skipped: env {trainer.cfg.env.name!r} has no oracle and the training tasks carry "
+                 f"no demonstrations (warmup.enabled=false silences this)")
+        return {}
+
+    def step_fn(shards, lr):
+        return trainer.actor.call_each("sft_update", [(s, lr, wcfg.grad_clip) for s in shards])
+
+    metrics = run_warmup(step_fn, demos, trainer.pad_token_id, trainer.actor.size, wcfg.steps, wcfg.batch_size,
+                         wcfg.lr, trainer.seed, wcfg.warmup_ratio, log=trainer.log, lr_schedule=wcfg.lr_schedule)
+    trainer.actor.call("end_warmup")
+    trainer.actor.call("sync_rollout_weights")
+    metrics["warmup/seconds"] = time.perf_counter() - t0
+    metrics["warmup/from_data"] = float(sum(bool(t.get("demonstration")) for t in demo_tasks))
+    return metrics
+

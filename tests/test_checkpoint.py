@@ -90,6 +90,28 @@ def test_corrupted_file_is_detected_and_the_previous_checkpoint_chosen(tmp_path,
         load_checkpoint(p2)
 
 
+@pytest.mark.parametrize("verify", ["sha256", "size", None])
+def test_a_manifest_listing_a_file_that_is_missing_is_refused_naming_the_file(tmp_path, verify):
+    p1 = save_checkpoint(tmp_path, 1, _state(1))
+    p2 = save_checkpoint(tmp_path, 2, _state(2))
+    (p2 / "optimizer.pt").unlink()
+    assert ck.checkpoint_problem(p2, verify=verify) == f"{p2}: optimizer.pt is listed in the manifest but missing"
+    assert latest_checkpoint(tmp_path, verify=verify) == p1
+    with pytest.raises(CheckpointError, match="optimizer.pt is listed in the manifest but missing"):
+        load_checkpoint(p2, keys=["model"])  # even when only another key is wanted
+
+
+def test_a_manifest_key_without_a_file_entry_is_refused_naming_the_file(tmp_path):
+    p = save_checkpoint(tmp_path, 1, _state(1))
+    manifest = json.loads((p / "COMPLETE").read_text())
+    del manifest["files"]["sampler.pt"]
+    (p / "COMPLETE").write_text(json.dumps(manifest))
+    for verify in ("sha256", "size", None):
+        assert ck.checkpoint_problem(p, verify) == f"{p}: the manifest lists key 'sampler' but no file sampler.pt"
+    with pytest.raises(CheckpointError, match="no file sampler.pt"):
+        load_checkpoint(p)
+
+
 def test_no_checkpoint_and_empty_run_dir(tmp_path):
     assert latest_checkpoint(tmp_path) is None
     with pytest.raises(CheckpointError, match="no complete checkpoint"):

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from openmanus_rl_core import registry
 
 
@@ -29,7 +31,7 @@ def test_plugins_json_lists_kind_name_distribution_version(cli_env):
     gae = [r for r in rows if r["kind"] == "advantage" and r["name"] == "gae"]
     assert gae == [{
         "kind": "advantage", "name": "gae", "distribution": "openmanus-rl-core", "version": gae[0]["version"],
-        "value": "openmanus_rl_core.algorithms.advantages:gae_estimator", "status": "ok", "error": None,
+        "value": "openmanus_rl_core.algorithms.estimators:gae_estimator", "status": "ok", "error": None,
     }]
 
 
@@ -50,6 +52,43 @@ def test_cfg_job_prints_composed_config_with_overrides(cli_env):
                          env=cli_env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "seed: 7" in out.stdout.splitlines()
+
+
+TWICE = '''
+import json, sys
+import ray
+from openmanus_rl_core.cli import main
+base = ["train", "env=key_door", "trainer.total_steps=1", "trainer.progress=false", "trainer.loggers=[]",
+        "trainer.num_cpus=1", "trainer.num_workers=1", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+        "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
+        "model.tiny.vocab_size=400", "data.train_batch_size=2", "algorithm.n=2", "env.train_tasks=4",
+        "env.val_tasks=2", "warmup.steps=1", "rollout.max_new_tokens=4", "trainer.val_before_train=false"]
+out = []
+for run in sys.argv[1:]:
+    rc = main(base + ["trainer.run_dir=" + run])
+    out.append({"rc": rc, "ray_left_running": ray.is_initialized()})
+print("RESULT " + json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+def test_cli_main_train_twice_in_one_process_runs_both_alike(tmp_path, cli_env):
+    """A library user calling ``cli.main(["train", ...])`` twice in one process gets two complete runs, the second
+    as the first (same seed, same numbers), and no Ray left running after either."""
+    runs = [tmp_path / "a", tmp_path / "b"]
+    out = subprocess.run([sys.executable, "-c", TWICE, *map(str, runs)], capture_output=True, text=True,
+                         env=cli_env, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads(out.stdout.split("RESULT ", 1)[1])
+    assert result == [{"rc": 0, "ray_left_running": False}] * 2
+    records = [[json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in runs]
+    for r in runs:
+        assert (r / "checkpoints" / "step_000001" / "COMPLETE").is_file()
+    assert [rec["step"] for rec in records[0]] == [rec["step"] for rec in records[1]] == [0, 1]
+    same = ("warmup/loss", "actor/entropy", "train/reward_mean", "val/reward_mean", "rollout/response_length/mean")
+    for key in same:
+        assert records[1][-1 if key != "warmup/loss" else 0][key] == pytest.approx(
+            records[0][-1 if key != "warmup/loss" else 0][key], abs=1e-6), key
 
 
 def test_plugins_hooks_lists_the_hook_plugins_and_options_lists_each_config_option_with_its_package(cli_env):

@@ -250,3 +250,35 @@ def test_the_cli_prints_the_doc():
     proc = subprocess.run([sys.executable, "-m", "openmanus_rl_core.cli", "config-doc"], capture_output=True,
                           text=True, timeout=120, env={**os.environ})
     assert proc.returncode == 0 and proc.stdout == render_doc()
+
+
+def _bounded(node=schema.Config, prefix: str = ""):
+    """``(key, bound)`` of every schema field with a strict lower bound ("> x")."""
+    for f in dataclasses.fields(node):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(default):
+            yield from _bounded(type(default), f"{prefix}{f.name}.")
+        elif f.metadata.get("gt") is not None:
+            yield f"{prefix}{f.name}", f.metadata["gt"]
+
+
+GT_FIELDS = list(_bounded())
+
+
+def test_the_strictly_bounded_options_include_temperature_and_lr():
+    keys = {k for k, _ in GT_FIELDS}
+    assert {"rollout.temperature", "actor.lr", "critic.lr", "warmup.lr", "rollout.top_p"} <= keys
+
+
+@pytest.mark.parametrize("key, bound", GT_FIELDS, ids=[k for k, _ in GT_FIELDS])
+def test_an_option_bounded_by_greater_than_x_is_refused_exactly_at_x_and_accepted_just_above(key, bound):
+    with pytest.raises(ConfigError) as err:
+        load([f"{key}={bound}"])
+    assert str(err.value) == f"{key}={float(bound)}: must be > {bound:g}"
+    above = bound + 1e-3 if key != "rollout.top_p" else 0.5
+    cfg = load([f"{key}={above}"])
+    section, _, leaf = key.rpartition(".")
+    node = cfg
+    for part in section.split("."):
+        node = getattr(node, part)
+    assert getattr(node, leaf) == pytest.approx(above)

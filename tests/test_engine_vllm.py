@@ -421,3 +421,18 @@ def test_embedded_default_batch_with_the_vllm_engine(tmp_path):
     diffs = [r["actor/rollout_logprob_diff"] for r in steps]
     print(f"embedded default with vllm: actor/rollout_logprob_diff per step = {diffs}")
     assert max(diffs) < TOL
+
+
+@pytest.mark.slow
+def test_the_group_stream_with_the_vllm_engine(tmp_path):
+    """The group stream (eta=1) with vLLM engines: each rank's stream thread generates through its engine while
+    weights are pushed at turn boundaries; every trained sample is at most one version old, and the rollout
+    correction (on in the stream) reports the behaviour-proximal KL."""
+    rows = run_train(tmp_path, "+rollout.engine_kwargs={enforce_eager: true}", "model.tiny.num_heads=2",
+                     "model.tiny.num_kv_heads=1", "trainer.total_steps=4", "warmup.enabled=false", *QUIET,
+                     "data.train_batch_size=4", "rollout.max_new_tokens=16", "rollout.max_staleness=1")
+    steps = [r for r in rows if "stream/groups" in r]
+    assert len(steps) == 4 and all(r["stream/groups"] == 4 for r in steps)
+    assert all(r["stream/staleness_max"] <= 1 for r in steps)
+    assert any(r["stream/staleness_share/1"] > 0 for r in steps[1:])  # the stream ran ahead of the trainer
+    assert all(abs(r["actor/behav_prox_kl"]) < 1.0 and 0 < r["actor/tis_weight_mean"] < 2 for r in steps)

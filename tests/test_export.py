@@ -194,3 +194,55 @@ def test_a_model_without_chat_template_stops_train_before_ray_with_one_line(tmp_
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("error: model.path=") and "set model.chat_template" in lines[-1]
     assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()  # nothing started
+
+
+def _plain_checkpoint(tmp_path: Path, rollout: dict | None = None) -> tuple[Path, Path]:
+    """A llama checkpoint whose model folder has no pad id in its configs (only its tokenizer knows it)."""
+    from transformers import AutoModelForCausalLM
+
+    folder = save_tiny("llama", tmp_path / "llama")
+    for name in ("config.json", "generation_config.json"):
+        data = json.loads((folder / name).read_text())
+        data.pop("pad_token_id", None)
+        (folder / name).write_text(json.dumps(data))
+    model = AutoModelForCausalLM.from_pretrained(str(folder))
+    config = {"model": dataclasses.asdict(ModelConfig(path=str(folder)))}
+    if rollout is not None:
+        from openmanus_rl_core.config import load
+
+        run = load(["env=key_door", *(f"rollout.{k}={v}" for k, v in rollout.items())], training=False)
+        config = {**{s: dataclasses.asdict(getattr(run, s)) for s in ("env", "rollout")}, **config}
+    state = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+             "meta": {"model_dir": str(folder), "step": 1, "config": config}}
+    return save_checkpoint(tmp_path / "run", 1, state), folder
+
+
+def test_the_exported_generation_config_carries_the_tokenizers_pad_token_id(tmp_path):
+    from transformers import GenerationConfig
+
+    ckpt, folder = _plain_checkpoint(tmp_path)
+    tok = load_tokenizer(str(folder))
+    assert tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
+    assert GenerationConfig.from_pretrained(str(folder)).pad_token_id is None  # the folder itself does not say
+    out = tmp_path / "exported"
+    assert main(["export", f"trainer.checkpoint={ckpt}", f"export.dir={out}"]) == 0
+    gen = GenerationConfig.from_pretrained(str(out))
+    assert (gen.pad_token_id, gen.eos_token_id) == (tok.pad_token_id, tok.eos_token_id)
+    assert json.loads((out / "generation_config.json").read_text())["pad_token_id"] == tok.pad_token_id
+
+
+@pytest.mark.parametrize("command_line, turns", [
+    ([], 7),  # the run's own rollout.max_turns
+    (["rollout.max_turns=3"], 3),  # K on the command line wins
+    (["rollout.temperature=0.5"], 7),  # naming another rollout key keeps the run's max_turns
+    (["rollout.temperature=0.5", "rollout.max_turns=2"], 2),
+])
+def test_eval_and_rollout_from_a_checkpoint_play_the_max_turns_the_command_line_names(tmp_path, command_line,
+                                                                                        turns):
+    from openmanus_rl_core.commands.from_run import adopt_run_config
+    from openmanus_rl_core.config import check, compose
+
+    ckpt, _ = _plain_checkpoint(tmp_path, rollout={"max_turns": 7})
+    named = [f"trainer.checkpoint={ckpt}", *command_line]
+    c, _ = adopt_run_config(check(compose(named), training=False), named, log=lambda message: None)
+    assert c.env.name == "key_door" and c.rollout.max_turns == turns

@@ -88,3 +88,18 @@ def test_training_from_the_file_warms_up_on_its_conversations(files, tmp_path, c
     first, *rest = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert first["step"] == 0 and first["warmup/from_data"] == 3.0 and first["warmup/demonstrations"] == 3.0
     assert rest[-1]["step"] == 1 and "val/success_rate" in rest[-1]
+
+
+def test_a_reply_with_several_action_markers_demonstrates_its_last_action():
+    from openmanus_rl_core.data import conversation_demonstration
+
+    turns = [{"from": "human", "loss": None, "value": "instruction"}, {"from": "gpt", "loss": False, "value": "OK"},
+             {"from": "human", "loss": None, "value": "Goal: craft a stick."},
+             {"from": "gpt", "loss": True,
+              "value": "Thought: the format is `Action: <command>`, e.g.\nAction: look\nbut I need planks.\n"
+                       "Action: get 2 oak planks\n"},
+             {"from": "human", "loss": None, "value": "Got 2 oak planks"},
+             {"from": "gpt", "loss": True, "value": "Thought: now craft. Action: wrong\nAction:\n craft 4 stick using 2 oak planks"}]
+    demo = conversation_demonstration(turns)
+    assert demo == {"observation": "Goal: craft a stick.",
+                    "steps": [["get 2 oak planks", "Got 2 oak planks"], ["craft 4 stick using 2 oak planks", ""]]}

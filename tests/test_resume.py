@@ -99,3 +99,39 @@ def test_starting_fresh_sets_the_earlier_history_aside(tmp_path, resume, why):
     assert printed == [f"{why}: starting fresh; the earlier run's "
                        + ("checkpoints step_000002, step_000004; " if resume == "never" else "")
                        + f"metrics.jsonl with steps 0..4 moved to {moved[0]}"]
+
+
+@pytest.mark.parametrize("value", ["true", "True"])
+def test_trainer_resume_true_resumes_like_auto(tmp_path, value):
+    """`trainer.resume=true` (YAML's boolean, which reaches the string field as "True") continues the run from its
+    newest checkpoint, exactly as `trainer.resume=auto` does."""
+    from openmanus_rl_core.config import load
+    from openmanus_rl_core.resume import resume_point
+
+    run_dir = tmp_path / "run"
+    before = _earlier_run(run_dir)
+    resume = load([f"trainer.resume={value}"]).trainer.resume
+    printed: list[str] = []
+    path, state = resume_point(run_dir, resume, printed.append)
+    auto_path, auto_state = resume_point(run_dir, "auto", printed.append)
+    assert path == auto_path == run_dir / "checkpoints" / "step_000004"
+    assert state["trainer"] == auto_state["trainer"] == {"step": 4}
+    assert torch.equal(state["model"]["w"], torch.full((4,), 4.0))
+    assert _files(run_dir) == before and printed == []  # nothing set aside, nothing moved
+
+
+def test_setting_history_aside_twice_in_the_same_second_keeps_both(tmp_path, monkeypatch):
+    import time
+
+    from openmanus_rl_core.resume import set_aside_history
+
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101-120000")  # one and the same second
+    run_dir = tmp_path / "run"
+    first = _earlier_run(run_dir)
+    a = set_aside_history(run_dir, "why", lambda m: None)
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 7, "train/reward_mean": 0.7}) + "\n")
+    second = {k: v for k, v in _files(run_dir).items() if not k.startswith("previous")}
+    b = set_aside_history(run_dir, "why", lambda m: None)
+    assert a == run_dir / "previous" / "20260101-120000" and b == run_dir / "previous" / "20260101-120000-1"
+    assert _files(a) == first and _files(b) == second  # both histories, byte for byte
+    assert sorted(p.name for p in (run_dir / "previous").iterdir()) == ["20260101-120000", "20260101-120000-1"]

@@ -56,6 +56,26 @@ def test_the_config_check_reads_the_file_without_running_it(tmp_path, capsys):
     assert f"reward 'x': path={tmp_path / 'nope.py'} is not a file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("binding", [
+    "compute_score = _exact",
+    "compute_score: object = _exact",
+    "other, compute_score = None, _exact",
+    "from operator import eq as compute_score",
+])
+def test_a_scorer_bound_by_assignment_or_import_is_accepted_and_scores(tmp_path, binding):
+    score = tmp_path / "score.py"
+    score.write_text("def _exact(data_source, solution_str, ground_truth, extra_info=None):\n"
+                     "    return float(solution_str == str(ground_truth))\n\n" + binding + "\n")
+    cfg = check(compose([f"+reward.components.answer.path={score}"]), training=False)
+    assert cfg.reward.components["answer"]["path"] == str(score)
+    if "operator" in binding:
+        return  # operator.eq takes two arguments: accepted by the check, not a scorer to call here
+    composer = RewardComposer.from_config({"answer": {"path": str(score)}})
+    task = {"data_source": "x", "reward_model": {"ground_truth": "42"}}
+    assert composer.compose(_trajectory("42", task)).parts == {"answer": 1.0}
+    assert composer.compose(_trajectory("41", task)).parts == {"answer": 0.0}
+
+
 @pytest.mark.parametrize("text,spec,message", [
     ("def compute_score(:\n", {}, r"score.py line 1: invalid syntax|score.py line 1: "),
     ("import no_such_module_xyz\ndef compute_score(solution_str, ground_truth): return 1.0\n", {},

@@ -317,3 +317,32 @@ def test_lora_trains_only_the_adapters_and_syncs_them_into_the_engine(model_dir,
     assert mask.any()
     assert torch.allclose(w.compute_log_probs(batch)["old_log_probs"][mask], batch["rollout_log_probs"][mask],
                           atol=1e-4)
+
+
+def test_the_rollout_correction_weighs_each_token_by_the_capped_ratio_to_the_engine(model_dir, dist_group, actor):
+    """algorithm.rollout_correction=tis: the update equals a plain one whose advantages are multiplied by
+    min(pi_prox / pi_engine, tis_cap), pi_prox being the weights before the update (on-policy within the step: no
+    extra forward pass) and pi_engine the rollout's log-probs."""
+    def fresh(*overrides):
+        w = ActorWorker(_cfg("actor.lr=1e4", "actor.eps=1e4", "actor.grad_clip=0.0", *overrides), rank=0,
+                        world_size=1, model_dir=model_dir, total_steps=10)
+        w.setup(*dist_group)
+        return w
+
+    batch, _ = _rollout_batch(actor)
+    mask = batch["response_mask"]
+    gen = torch.Generator().manual_seed(4)
+    tis = fresh("algorithm.rollout_correction=tis", "algorithm.tis_cap=2.0")
+    now = tis.compute_log_probs(batch.select(LEAN), with_ref=False)["old_log_probs"]  # the weights before the update
+    shift = (torch.rand(mask.shape, generator=gen) * 2 - 1) * mask  # log(pi_prox / pi_engine) in [-1, 1]
+    batch["rollout_log_probs"] = now - shift
+    batch["advantages"] = torch.randn(mask.shape, generator=gen) * mask
+    corrected, m = _update_delta(tis, batch)
+    by_hand = batch.select([k for k in batch.keys() if k != "rollout_log_probs"])
+    by_hand["advantages"] = batch["advantages"] * torch.exp(shift).clamp(max=2.0) * mask
+    plain, _ = _update_delta(fresh("algorithm.rollout_correction=off"), by_hand)
+    assert float(plain.abs().max()) > 0
+    torch.testing.assert_close(corrected, plain, rtol=1e-4, atol=1e-7)
+    on = mask.bool()
+    assert m["actor/tis_capped_frac"] == pytest.approx(float((shift[on] > math.log(2.0)).float().mean()), abs=1e-6)
+    assert m["actor/behav_prox_kl"] == pytest.approx(float(-shift[on].mean()), abs=1e-5)

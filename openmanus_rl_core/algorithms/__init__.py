@@ -1,7 +1,8 @@
 """RL algorithm kernels: advantage estimators, policy/value losses, KL penalties.
 
 Pure tensor functions in the style of verl's ``core_algos``: tensors in, tensors out, each documented with its
-formula and shapes. The registered entry points (``*_estimator``, ``ppo_clip_loss``) adapt them to a ``Batch``.
+formula and shapes (``advantages``, ``losses``, ``kl``; helpers in ``grouping``, ``discounting``). The registered
+entry points adapt them to a ``Batch``: the advantage estimators in ``estimators``, ``ppo_clip_loss`` in ``losses``.
 """
 
 from .advantages import (
@@ -12,16 +13,18 @@ from .advantages import (
     compute_rloo,
     discounted_returns,
     episode_index,
-    gae_estimator,
-    gigpo_estimator,
     gigpo_step_advantages,
     group_index,
+    grpo_sequence_advantages,
+    rloo_sequence_advantages,
+)
+from .estimators import (
+    gae_estimator,
+    gigpo_estimator,
     grpo_estimator,
     grpo_no_std_estimator,
-    grpo_sequence_advantages,
     reinforce_plus_plus_estimator,
     rloo_estimator,
-    rloo_sequence_advantages,
 )
 from .kl import (
     KL_ESTIMATORS,

@@ -16,26 +16,27 @@ Conventions (all estimators):
 - Results come back in the inputs' float dtype (at least float32), computed without autograd (advantages are
   targets, not graph nodes). Group statistics run in float64 internally; so do discounted recursions wherever a
   float32 matmul might lose precision (see ``_scan_dtype``).
-- The backward recursions (GAE, discounted returns) compact each row's masked-in tokens to the front, then solve
-  the linear recurrence blockwise with one batched matmul plus a scan over ``T / 32`` block heads, instead of
-  ``T`` sequential steps.
+- The backward recursions (GAE, discounted returns) run in :mod:`.discounting`; group ids, pooling and validity
+  in :mod:`.grouping`.
 
-The ``*_estimator`` functions at the bottom are the registered entry points (group ``openmanus_rl.advantages``),
-all called as ``estimator(batch, **cfg) -> (advantages, returns)``; each passes the batch's optional ``valid``
-tensor (``[B]`` bool, written by ``rollout.build_batch``) on.
+These are the pure kernels, in the manner of verl's ``core_algos``: tensors and labels in, tensors out, no
+``Batch`` and no config. Their registered entry points (group ``openmanus_rl.advantages``: ``gae``, ``grpo``, ...),
+which read a ``Batch`` and the algorithm's kwargs, are in :mod:`.estimators`.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Hashable, Sequence
 from itertools import chain
 from typing import Any
 
-import numpy as np
 import torch
 
-from ..batch import Batch
+from .discounting import (_compact_layout, _from_compact, _reverse_discounted_cumsum, _scan_dtype, _to_compact,
+                          discounted_returns)
+from .grouping import (_bool, _broadcast, _check_discount, _check_same_shape, _factorize_table, _float_dtype,
+                       _group_normalise, _numbers_tensor, _pooled_scores, _sequence_scores, _take, _valid_rows,
+                       _valid_tokens, episode_index, group_index)
 from .losses import masked_whiten
 
 __all__ = [
@@ -45,247 +46,14 @@ __all__ = [
     "compute_reinforce_plus_plus",
     "compute_rloo",
     "discounted_returns",
-    "gae_estimator",
-    "gigpo_estimator",
+    "episode_index",
     "gigpo_step_advantages",
     "group_index",
-    "grpo_estimator",
-    "grpo_no_std_estimator",
     "grpo_sequence_advantages",
-    "reinforce_plus_plus_estimator",
-    "rloo_estimator",
     "rloo_sequence_advantages",
 ]
 
 
-# -------------------------------------------------------------------------------------------------- helpers
-def _float_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(t.dtype, torch.float32) if t.is_floating_point() else torch.float32
-
-
-def _check_same_shape(reference_name: str, reference: torch.Tensor, **others: torch.Tensor) -> None:
-    if reference.dim() != 2:
-        raise ValueError(f"{reference_name} must be [B, T], got shape {tuple(reference.shape)}")
-    for name, t in others.items():
-        if tuple(t.shape) != tuple(reference.shape):
-            raise ValueError(
-                f"{name} has shape {tuple(t.shape)} but {reference_name} has {tuple(reference.shape)}; "
-                "all token tensors must be [B, T]"
-            )
-
-
-def _bool(mask: torch.Tensor) -> torch.Tensor:
-    return mask if mask.dtype == torch.bool else mask != 0
-
-
-def group_index(group_ids: Any, n: int, device: torch.device | str | None = None) -> tuple[torch.Tensor, int]:
-    """Map ``n`` hashable group labels to dense integer ids.
-
-    ``group_ids``: a tensor, a numpy array, or any sequence of hashables (str, int, tuple, ...). Returns
-    ``(ids, num_groups)`` with ``ids`` a LongTensor ``[n]`` in ``[0, num_groups)``; equal labels get equal ids.
-    """
-    if isinstance(group_ids, torch.Tensor):
-        if group_ids.dim() != 1 or group_ids.shape[0] != n:
-            raise ValueError(f"group_ids must have shape [{n}], got {tuple(group_ids.shape)}")
-        uniq, inverse = torch.unique(group_ids, return_inverse=True)
-        return inverse.to(device=device, dtype=torch.long), int(uniq.numel())
-    if isinstance(group_ids, np.ndarray) and group_ids.dtype != object:
-        if group_ids.ndim != 1 or group_ids.shape[0] != n:
-            raise ValueError(f"group_ids must have shape [{n}], got {group_ids.shape}")
-        uniq, inverse = np.unique(group_ids, return_inverse=True)
-        return torch.from_numpy(inverse.reshape(-1).astype(np.int64)).to(device), int(uniq.shape[0])
-    labels = list(group_ids)
-    if len(labels) != n:
-        raise ValueError(f"group_ids has {len(labels)} labels but the batch has {n} samples")
-    try:
-        table = _factorize_table(labels)
-    except TypeError as exc:
-        raise TypeError(f"group_ids must be hashable labels: {exc}") from None
-    codes = torch.frombuffer(array("q", map(table.__getitem__, labels)), dtype=torch.long) if labels else None
-    if codes is None:
-        return torch.zeros(0, dtype=torch.long, device=device), 0
-    return codes.to(device), len(table)
-
-
-def episode_index(episode_ids: Any, n: int, device: torch.device | str | None = None
-                  ) -> tuple[torch.Tensor, int, torch.Tensor]:
-    """Turn samples -> episodes: ``(eid [n], E, first [E])``: each row's dense episode id, the number of episodes,
-    and each episode's first row (its representative for per-episode labels)."""
-    eid, E = group_index(episode_ids, n, device)
-    rows = torch.arange(n, device=eid.device)
-    first = torch.full((E,), n, dtype=torch.long, device=eid.device).scatter_reduce_(0, eid, rows, reduce="amin")
-    return eid, E, first
-
-
-def _take(labels: Any, index: torch.Tensor) -> Any:
-    """``labels`` (tensor, numpy array or sequence) at the rows ``index``."""
-    if isinstance(labels, torch.Tensor):
-        return labels[index.to(labels.device)]
-    if isinstance(labels, np.ndarray):
-        return labels[index.cpu().numpy()]
-    labels = list(labels)
-    return [labels[i] for i in index.tolist()]
-
-
-def _pooled_scores(scores: torch.Tensor, group_ids: Any, valid: Any, episode_ids: Any):
-    """Sequence scores pooled per episode: ``(episode scores [E], episode group ids, episode valid, eid [B],
-    first [E])``; an episode's score is the sum of its rows' scores, its group and validity those of its first row."""
-    B = scores.shape[0]
-    eid, E, first = episode_index(episode_ids, B, scores.device)
-    pooled = torch.zeros(E, dtype=scores.dtype, device=scores.device).index_add_(0, eid, scores)
-    v = _valid_rows(valid, B, scores.device)
-    return pooled, _take(group_ids, first), None if v is None else v[first], eid, first
-
-
-def _factorize_table(values: list) -> dict:
-    """``{value: dense id}`` in first-seen order. ``dict.fromkeys`` and ``map`` keep the per-element work in C."""
-    return {v: i for i, v in enumerate(dict.fromkeys(values))}
-
-
-def _group_normalise(
-    scores: torch.Tensor, gid: torch.Tensor, num_groups: int, epsilon: float, norm_by_std: bool,
-    valid: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``(s - mean_g) / (std_g + eps)`` (or ``s - mean_g``) per element over the valid members of each group;
-    0 for invalid elements and for groups with fewer than two valid members. ``[N] -> [N]``.
-
-    Statistics are taken in float64: near-equal scores have a tiny std that would amplify float32 rounding.
-    """
-    out_dtype = scores.dtype
-    scores = scores.to(torch.float64)
-    w = torch.ones_like(scores) if valid is None else valid.to(device=scores.device, dtype=torch.float64)
-    counts = torch.zeros(num_groups, dtype=torch.float64, device=scores.device).index_add_(0, gid, w)
-    sums = torch.zeros(num_groups, dtype=torch.float64, device=scores.device).index_add_(0, gid, scores * w)
-    centered = (scores - (sums / counts.clamp_min(1))[gid]) * w
-    # Per-group multiplier: 1 / (std + eps), or 1 without std; 0 for groups of fewer than two valid members.
-    if norm_by_std:
-        sq = torch.zeros_like(sums).index_add_(0, gid, centered * centered)
-        denom = torch.sqrt(sq / (counts - 1).clamp_min(1)) + epsilon
-        # A group of equal scores with epsilon=0 has denom 0 (and centered 0): give it advantage 0, not 0/0.
-        scale = torch.where(denom > 0, 1.0 / denom.masked_fill(denom <= 0, 1.0), 0.0)
-        scale = torch.where(counts > 1, scale, 0.0)
-    else:
-        scale = (counts > 1).to(torch.float64)
-    return (centered * scale[gid]).to(out_dtype)
-
-
-def _valid_rows(valid: Any, n: int, device: torch.device) -> torch.Tensor | None:
-    """``valid`` as a ``[n]`` bool tensor on ``device`` (None stays None: every sample is valid)."""
-    if valid is None:
-        return None
-    v = torch.as_tensor(valid, device=device)
-    if v.dim() != 1 or v.shape[0] != n:
-        raise ValueError(f"valid must have shape [{n}] (one flag per sample), got {tuple(v.shape)}")
-    return _bool(v)
-
-
-def _valid_tokens(m: torch.Tensor, valid: Any) -> torch.Tensor:
-    """The token mask ``[B, T]`` with the rows of invalid samples cleared."""
-    v = _valid_rows(valid, m.shape[0], m.device)
-    return m if v is None else m & v.unsqueeze(-1)
-
-
-def _broadcast(seq_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``[B]`` per-sequence values onto the masked-in tokens of ``[B, T]``, 0 elsewhere."""
-    return torch.where(mask, seq_values.unsqueeze(-1), torch.zeros((), dtype=seq_values.dtype, device=mask.device))
-
-
-def _sequence_scores(token_rewards: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return torch.where(mask, token_rewards.to(dtype), torch.zeros((), dtype=dtype, device=token_rewards.device)).sum(-1)
-
-
-def _check_discount(name: str, value: float) -> float:
-    value = float(value)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
-    return value
-
-
-def _scan_dtype(x: torch.Tensor) -> torch.dtype:
-    """dtype for the blocked recursion: float32 on CPU at full fp32 matmul precision, else float64.
-
-    The recursion runs through a matmul; where float32 matmuls may drop to TF32/bf16 internally (CUDA, or a lowered
-    ``torch.set_float32_matmul_precision``) float64 keeps the result exact to float32 precision.
-    """
-    if x.dtype != torch.float64 and x.device.type == "cpu" and torch.get_float32_matmul_precision() == "highest":
-        return torch.float32
-    return torch.float64
-
-
-def _to_compact(x: torch.Tensor, dump_index: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
-    """Move each row's masked-in entries to its front, in order, zeros after: ``[B, T] -> [B, width]``.
-
-    ``dump_index`` is the compact position of each masked-in entry and ``T`` (a spare column) for masked-out ones.
-    """
-    B, T = x.shape
-    out = torch.zeros(B, T + 1, dtype=dtype, device=x.device)
-    out.scatter_(1, dump_index, x.to(dtype))
-    return out[:, :width]
-
-
-def _from_compact(xc: torch.Tensor, mask: torch.Tensor, compact_pos: torch.Tensor) -> torch.Tensor:
-    """Inverse of ``_to_compact``: ``[B, width] -> [B, T]`` with 0 at masked-out positions."""
-    if xc.shape[1] == 0:
-        return torch.zeros(mask.shape, dtype=xc.dtype, device=xc.device)
-    back = torch.gather(xc, 1, compact_pos.clamp(0, xc.shape[1] - 1))
-    return torch.where(mask, back, torch.zeros((), dtype=xc.dtype, device=xc.device))
-
-
-def _compact_layout(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(compact_pos, dump_index, width)`` for ``_to_compact``/``_from_compact``; width = most masked-in per row."""
-    compact_pos = mask.cumsum(1) - 1
-    dump_index = torch.where(mask, compact_pos, mask.shape[1])
-    width = int(compact_pos[:, -1].max()) + 1 if mask.numel() else 0  # the last column holds count - 1
-    return compact_pos, dump_index, width
-
-
-def _reverse_discounted_cumsum(x: torch.Tensor, c: float, block: int = 32) -> torch.Tensor:
-    """``y_i = sum_{j >= i} c^(j - i) x_j`` along dim 1 of ``[B, L]``, for ``0 <= c <= 1``.
-
-    Blocked: one batched matmul with the ``[K, K]`` matrix ``W[j, i] = c^(j-i) (j >= i)`` solves every block locally,
-    then a scan over the ``L / K`` block heads carries the tail of each block into the one before it. This replaces
-    ``L`` sequential steps with ``L / K``; all powers of ``c`` stay in [0, 1], so it is as stable as the plain scan.
-    """
-    B, L = x.shape
-    if L == 0:
-        return x.clone()
-    K = min(block, L)
-    nb = -(-L // K)
-    xb = torch.nn.functional.pad(x, (0, nb * K - L)).view(B, nb, K)
-    i = torch.arange(K, dtype=x.dtype, device=x.device)
-    expo = i.unsqueeze(1) - i.unsqueeze(0)  # [j, i] -> j - i
-    W = torch.where(expo >= 0, torch.pow(c, expo.clamp_min(0)), torch.zeros((), dtype=x.dtype, device=x.device))
-    local = xb @ W  # each block's own discounted sums
-    heads = local[:, :, 0]
-    starts = torch.empty_like(heads)  # y at each block's first position, including later blocks
-    running = torch.zeros(B, dtype=x.dtype, device=x.device)
-    cK = c**K
-    for n in range(nb - 1, -1, -1):
-        running = heads[:, n] + cK * running
-        starts[:, n] = running
-    next_start = torch.nn.functional.pad(starts[:, 1:], (0, 1))
-    tail_weight = torch.pow(c, K - i)  # c^(K - i): how much of the next block's start reaches position i
-    y = local + next_start.unsqueeze(-1) * tail_weight
-    return y.reshape(B, nb * K)[:, :L]
-
-
-def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Return-to-go over masked-in positions, carried across mask-0 positions: ``[B, T] -> [B, T]``.
-
-    ``G_t = r_t + gamma * G_next`` where ``next`` is the next position with mask 1 (``G = 0`` past the last);
-    mask-0 positions get 0 and do not discount. ``0 <= gamma <= 1``. Returned in the rewards' float dtype (at least
-    float32).
-    """
-    if rewards.dim() != 2:
-        raise ValueError(f"rewards must be [B, T], got shape {tuple(rewards.shape)}")
-    gamma = _check_discount("gamma", gamma)
-    m = _bool(mask)
-    compact_pos, dump_index, width = _compact_layout(m)
-    returns = _reverse_discounted_cumsum(_to_compact(rewards, dump_index, width, _scan_dtype(rewards)), gamma)
-    return _from_compact(returns, m, compact_pos).to(_float_dtype(rewards))
-
-
-# ------------------------------------------------------------------------------------------------- estimators
 @torch.no_grad()
 def compute_gae(
     token_rewards: torch.Tensor,
@@ -434,16 +202,6 @@ def compute_reinforce_plus_plus(
     _check_same_shape("token_rewards", token_rewards, response_mask=response_mask)
     m = _valid_tokens(_bool(response_mask), valid)
     return masked_whiten(discounted_returns(token_rewards, m, gamma), m)
-
-
-def _numbers_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-    """A 1-D tensor from a list of Python numbers; ``array`` converts about 3x faster than ``torch.tensor``."""
-    if not values:
-        return torch.zeros(0, dtype=dtype)
-    try:
-        return torch.frombuffer(array("d" if dtype == torch.float64 else "q", values), dtype=dtype)
-    except (TypeError, OverflowError):
-        return torch.tensor(values, dtype=dtype)
 
 
 def _step_inputs(
@@ -647,96 +405,11 @@ def compute_gigpo(
     return torch.where(keep, adv, torch.zeros((), dtype=dtype, device=device))
 
 
-# --------------------------------------------------------------------------------------- registered entry points
-def _cfg(cfg: dict, key: str, default: Any) -> Any:
-    """``cfg[key]``, or ``default`` when the key is absent or None (a config's ``null`` means "use the default")."""
-    value = cfg.get(key)
-    return default if value is None else value
 
+def __getattr__(name: str) -> Any:
+    """The registered entry points moved to :mod:`.estimators`; ``advantages.grpo_estimator`` still finds them."""
+    if name.endswith("_estimator"):
+        from . import estimators
 
-def _need(batch: Batch, keys: Sequence[str], name: str) -> None:
-    if not isinstance(batch, Batch):
-        raise TypeError(f"advantage estimator {name!r} takes a Batch, got {type(batch).__name__}")
-    batch.require(*keys, who=f"advantage estimator {name!r}")
-
-
-def gae_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entry point ``gae``. Batch: tensors ``token_level_rewards``, ``response_mask``, ``values`` (critic).
-
-    cfg: ``gamma`` (1.0), ``lam`` (1.0); other keys are ignored. Returns ``(advantages, returns)``.
-    """
-    _need(batch, ("token_level_rewards", "response_mask", "values"), "gae")
-    return compute_gae(
-        batch["token_level_rewards"], batch["values"], batch["response_mask"],
-        gamma=float(_cfg(cfg, "gamma", 1.0)), lam=float(_cfg(cfg, "lam", 1.0)), valid=batch.get("valid"),
-    )
-
-
-def _grpo(batch: Batch, name: str, norm_by_std: bool, cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    _need(batch, ("token_level_rewards", "response_mask", "group_ids"), name)
-    adv = compute_grpo(
-        batch["token_level_rewards"], batch["response_mask"], batch["group_ids"],
-        epsilon=float(_cfg(cfg, "epsilon", 1e-6)), norm_by_std=norm_by_std, valid=batch.get("valid"),
-        episode_ids=batch.get("episode_ids"),
-    )
-    return adv, adv
-
-
-def grpo_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entry point ``grpo``. Batch: tensors ``token_level_rewards``, ``response_mask``; non_tensors ``group_ids``.
-
-    cfg: ``epsilon`` (1e-6), ``norm_by_std`` (True); other keys are ignored. Returns ``(advantages, advantages)``.
-    """
-    return _grpo(batch, "grpo", bool(_cfg(cfg, "norm_by_std", True)), cfg)
-
-
-def grpo_no_std_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entry point ``grpo_no_std`` (Dr. GRPO: no std division). Same batch keys as ``grpo``; cfg: ``epsilon``."""
-    return _grpo(batch, "grpo_no_std", False, cfg)
-
-
-def rloo_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entry point ``rloo``. Batch: tensors ``token_level_rewards``, ``response_mask``; non_tensors ``group_ids``.
-
-    No cfg keys are used. Returns ``(advantages, advantages)``.
-    """
-    _need(batch, ("token_level_rewards", "response_mask", "group_ids"), "rloo")
-    adv = compute_rloo(batch["token_level_rewards"], batch["response_mask"], batch["group_ids"],
-                       valid=batch.get("valid"), episode_ids=batch.get("episode_ids"))
-    return adv, adv
-
-
-def reinforce_plus_plus_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entry point ``reinforce_plus_plus``. Batch: tensors ``token_level_rewards``, ``response_mask``.
-
-    cfg: ``gamma`` (1.0); other keys are ignored. Returns ``(advantages, advantages)``.
-    """
-    _need(batch, ("token_level_rewards", "response_mask"), "reinforce_plus_plus")
-    adv = compute_reinforce_plus_plus(
-        batch["token_level_rewards"], batch["response_mask"], gamma=float(_cfg(cfg, "gamma", 1.0)),
-        valid=batch.get("valid"),
-    )
-    return adv, adv
-
-
-def gigpo_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entry point ``gigpo``. Batch: tensors ``token_level_rewards``, ``response_mask``, ``step_ids`` ([B, T] long,
-    -1 off-turn); non_tensors ``group_ids``, ``anchor_obs`` (per sample: list of str, one per step) and
-    ``step_rewards`` (per sample: list of float, one per step; a [B, S] tensor is accepted too).
-
-    cfg: ``gamma`` (0.95), ``step_weight`` (1.0), ``epsilon`` (1e-6), ``norm_by_std`` (True); other keys are
-    ignored. Returns ``(advantages, advantages)``.
-    """
-    _need(
-        batch,
-        ("token_level_rewards", "response_mask", "step_ids", "group_ids", "anchor_obs", "step_rewards"),
-        "gigpo",
-    )
-    adv = compute_gigpo(
-        batch["token_level_rewards"], batch["response_mask"], batch["group_ids"], batch["step_ids"],
-        batch["step_rewards"], batch["anchor_obs"],
-        gamma=float(_cfg(cfg, "gamma", 0.95)), step_weight=float(_cfg(cfg, "step_weight", 1.0)),
-        epsilon=float(_cfg(cfg, "epsilon", 1e-6)), norm_by_std=bool(_cfg(cfg, "norm_by_std", True)),
-        valid=batch.get("valid"), episode_ids=batch.get("episode_ids"),
-    )
-    return adv, adv
+        return getattr(estimators, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

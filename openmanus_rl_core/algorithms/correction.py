@@ -19,13 +19,25 @@ Because ``w_t >= 0`` it can be folded into the advantage: ``w * max(-A r, -A cli
 (the dual-clip cap ``-A c`` scales the same way), so the registered PPO losses compute the decoupled objective from
 ``advantages * w`` and ``old_log_probs = log π_prox`` unchanged. A loss that is not linear in the advantage would
 need the weight itself.
+
+The actor's update applies it (``workers/actor.py``). When the update is on-policy within the step (one mini-batch,
+one epoch), ``π_prox`` is the current policy: its log-probs are the update's own forward pass, detached, so the
+correction costs no extra forward pass.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from openmanus_rl_core.algorithms.losses import masked_mean
+
+
+def correction_on(cfg: Any) -> bool:
+    """Whether a run applies the correction: ``algorithm.rollout_correction`` tis, or auto in the group stream."""
+    mode = cfg.algorithm.rollout_correction
+    return mode == "tis" or (mode == "auto" and cfg.rollout.max_staleness is not None)
 
 
 def truncated_is_weights(prox_logprob: torch.Tensor, behav_logprob: torch.Tensor, response_mask: torch.Tensor,

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from openmanus_rl_core.config import ConfigError, check
-from openmanus_rl_core.trainer import mean, quiet_transformers, seed_all
+from openmanus_rl_core.metrics import mean
+from openmanus_rl_core.trainer import quiet_transformers, seed_all
 
 
 def evaluate(cfg: Any, overrides: Sequence[str] = ()) -> int:

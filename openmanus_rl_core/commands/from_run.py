@@ -59,7 +59,9 @@ def adopt_run_config(c: Config, overrides: Sequence[str], log: Callable[[str], N
     # reward components start empty, so nothing of this command line's defaults is mixed in).
     sections = {s: OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(type(getattr(c, s))), saved[s]))
                 for s in taken}
-    if "env" in taken and "rollout" not in named and "max_turns" in saved.get("rollout", {}):
+    # Only rollout.max_turns itself on the command line overrides the run's (rollout.temperature=... does not).
+    max_turns_named = any(o.split("=", 1)[0].lstrip("+~") in ("rollout", "rollout.max_turns") for o in overrides)
+    if "env" in taken and not max_turns_named and "max_turns" in saved.get("rollout", {}):
         sections["rollout"] = dataclasses.replace(c.rollout, max_turns=saved["rollout"]["max_turns"])
     val_source = None
     if run_validation and not named & {"data", "env"} and not any(

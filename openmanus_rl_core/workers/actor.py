@@ -164,14 +164,16 @@ class ActorWorker(Worker):
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """PPO-style policy update over this rank's rows; returns metrics averaged over mini-batches.
 
-        Batch needs ``input_ids, attention_mask, position_ids, responses, response_mask, advantages`` and either
-        ``old_log_probs`` or nothing (then the update is on-policy with one mini-batch and one epoch, and the old
+        Batch needs ``input_ids, attention_mask, position_ids, responses, response_mask, advantages``, with the
+        rollout correction on (algorithms/correction.py) ``rollout_log_probs``, and either ``old_log_probs`` or
+        nothing (then the update is on-policy with one mini-batch and one epoch, and the old
         log-probs are the detached current ones). With ``use_kl_loss`` also ``ref_log_probs``.
 
         Per mini-batch: ``loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl``; gradients are clipped to
         ``actor.grad_clip``; a non-finite loss or gradient norm (on any rank) skips the optimizer step.
         """
         from openmanus_rl_core.algorithms import agg_loss, kl_penalty
+        from openmanus_rl_core.algorithms.correction import correction_on, truncated_is_weights
         from openmanus_rl_core.registry import registry
 
         algo = self.cfg.algorithm
@@ -179,18 +181,23 @@ class ActorWorker(Worker):
         loss_cfg = dict(algo.loss_cfg)
         agg_mode = loss_cfg["agg_mode"]
         use_kl_loss = algo.use_kl_loss and self.ref is not None
+        correct = correction_on(self.cfg)
 
         def part_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
             logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True)
             mask = part["response_mask"]
             old = part["old_log_probs"] if "old_log_probs" in part else logp.detach()
-            pg_loss, pg_metrics = loss_fn(old, logp, part["advantages"], mask, **loss_cfg)
+            adv, corr = part["advantages"], {}
+            if correct:  # decoupled PPO: old is the proximal policy, the engine's log-probs the behaviour one
+                w, corr = truncated_is_weights(old, part["rollout_log_probs"], mask, algo.tis_cap)
+                adv = adv * w
+            pg_loss, pg_metrics = loss_fn(old, logp, adv, mask, **loss_cfg)
             ent = agg_loss(entropy, mask, agg_mode)
             loss = pg_loss - algo.entropy_coeff * ent if algo.entropy_coeff else pg_loss
             stats = {"actor/pg_loss": float(pg_metrics.get("pg_loss", float(pg_loss.detach()))),
                      "actor/entropy": float(ent.detach()),
                      "actor/pg_clipfrac": float(pg_metrics.get("clipfrac", 0.0)),
-                     "actor/ppo_kl": float(pg_metrics.get("approx_kl", 0.0))}
+                     "actor/ppo_kl": float(pg_metrics.get("approx_kl", 0.0)), **corr}
             if use_kl_loss:
                 kl = agg_loss(kl_penalty(logp, part["ref_log_probs"], algo.kl_loss_type), mask, agg_mode)
                 loss = loss + algo.kl_loss_coef * kl

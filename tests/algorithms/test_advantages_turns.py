@@ -63,6 +63,14 @@ def test_rloo_over_turn_samples_leaves_one_episode_out():
     torch.testing.assert_close(adv, _per_row([0.75, 0.75, 0.75, -0.75, -0.75, 0.0, 0.0]))
 
 
+def test_rloo_over_turn_samples_gives_an_env_error_episode_0_and_leaves_it_out_of_the_others_baseline():
+    # E2 ended as env_error: E1 and E3 are each other's only baseline. E1: 1 - 0.5 = 0.5; E3: 0.5 - 1 = -0.5.
+    # (With E2 kept in the baseline E1 would get 0.75 and E3 0.)
+    valid = torch.tensor([True, True, True, False, False, True, True])
+    adv = compute_rloo(REWARDS, MASK, GROUPS, valid=valid, episode_ids=EPISODES)
+    torch.testing.assert_close(adv, _per_row([0.5, 0.5, 0.5, 0.0, 0.0, -0.5, 0.0]))
+
+
 def test_gigpo_over_turn_samples_groups_steps_by_anchor_state_across_episodes():
     """Episode level as GRPO above (A^E = +1, -1, 0). Step level, gamma 1: returns E1 [1, 1, 1], E2 [0, 0], E3 [0.5].
     Anchor A holds E1/0, E2/0, E3/0 (1, 0, 0.5: +1, -1, 0); anchor B holds E1/1, E2/1 (1, 0: std sqrt(0.5), so
@@ -76,6 +84,18 @@ def test_gigpo_over_turn_samples_groups_steps_by_anchor_state_across_episodes():
     half = compute_gigpo(REWARDS, MASK, GROUPS, STEP_IDS, _rows(STEP_REWARDS), _rows(ANCHORS), gamma=1.0,
                          step_weight=0.5, epsilon=EPS, episode_ids=EPISODES)
     torch.testing.assert_close(half, _per_row([ae + ae / 2, ae + b / 2, ae, -ae - ae / 2, -ae - b / 2, 0.0, 0.0]))
+
+
+def test_the_registered_rloo_estimator_pools_each_episodes_rows_when_given_episode_ids():
+    batch = Batch(tensors={"token_level_rewards": REWARDS, "response_mask": MASK},
+                  non_tensors={"group_ids": GROUPS, "episode_ids": EPISODES})
+    adv, returns = registry("advantage").get("rloo")(batch)
+    torch.testing.assert_close(adv, _per_row([0.75, 0.75, 0.75, -0.75, -0.75, 0.0, 0.0]))
+    torch.testing.assert_close(returns, adv)
+    # Its batch's valid flags reach the kernel too: E2 as env_error leaves the baseline.
+    batch.tensors["valid"] = torch.tensor([True, True, True, False, False, True, True])
+    adv, _ = registry("advantage").get("rloo")(batch)
+    torch.testing.assert_close(adv, _per_row([0.5, 0.5, 0.5, 0.0, 0.0, -0.5, 0.0]))
 
 
 @pytest.mark.parametrize("name", ["grpo", "gigpo"])

@@ -106,6 +106,21 @@ def test_1_the_env_error_watch_aborts_after_n_all_failed_steps():
     with pytest.raises(EnvUnavailableError, match="up to step 4"):
         watch.update(4, ["env_error"], ["refused"])
 
+    # A working step after the recheck re-arms it: the next streak is rechecked too, not aborted at once.
+    checks = []
+    watch = EnvErrorWatch(2, check=lambda: checks.append(1))
+    watch.update(1, ["env_error"], ["refused"])
+    watch.update(2, ["env_error"], ["refused"])  # streak of 2: rechecked, the server answers
+    assert checks == [1] and watch.streak == 0 and watch.rechecked
+    watch.update(3, ["done"], [None])  # it works again
+    assert not watch.rechecked
+    watch.update(4, ["env_error"], ["refused"])
+    watch.update(5, ["env_error"], ["refused"])  # a new streak of 2: rechecked again
+    assert checks == [1, 1] and watch.streak == 0
+    with pytest.raises(EnvUnavailableError, match=r"last 2 steps \(up to step 7\)"):
+        watch.update(6, ["env_error"], ["refused"])
+        watch.update(7, ["env_error"], ["refused"])  # no working step since the last recheck: abort
+
     def gone():
         raise EnvUnavailableError("no server answers at http://z")
 

@@ -71,6 +71,20 @@ def test_success_when_mission_done_with_reward_below_one():
     assert after.done and after.reward == 0.0 and after.info["success"] is True
 
 
+def test_a_level_completed_late_with_a_small_positive_reward_is_still_a_success():
+    env = BabyAIEnv()
+    env.reset(0, 0)  # GoToRedBallGrey: 64 steps; a finished mission pays 1 - 0.9 * steps / 64
+    level = env.env.unwrapped
+    while level.step_count < level.max_steps - 12:  # waste most of the level's steps
+        assert env.step("turn left").done is False
+    target = next(a for a in env.actions if a.startswith("go to red ball"))
+    r = env.step(target)
+    steps = r.info["level_steps"]
+    assert r.done and r.info["success"] is True and steps > 52
+    assert r.reward == pytest.approx(1 - 0.9 * steps / 64) and 0.0 < r.reward < 0.3
+    assert r.observation.split("\nAvailable")[0].endswith("\n The task is completed.")
+
+
 def test_pick_up_reads_as_pickup():
     env = BabyAIEnv(levels=["BabyAI-PickupLoc-v0"])
     env.reset(0, 0)

@@ -69,19 +69,27 @@ class SummaryMemory:
         self.max_chars = max_chars
 
     def summary(self, turns: Sequence[PastTurn]) -> str:
-        """One line per turn, newest kept within ``max_chars``; ``""`` for no turns."""
+        """One line per turn, the newest kept, the whole text (head line and joining newlines included) within
+        ``max_chars``; ``""`` for no turns, or when not even the note of hidden turns fits."""
         lines = [f"{i + 1}. {t.action.strip() or '(no action)'} -> {(t.observation.strip().splitlines() or [''])[0]}"
                  for i, t in enumerate(turns)]
         kept: list[str] = []
-        used = 0
+        used = -1  # n lines joined by n - 1 newlines
         for line in reversed(lines):
-            if used + len(line) + 1 > self.max_chars:
+            if used + 1 + len(line) > self.max_chars:
                 break
             kept.append(line)
-            used += len(line) + 1
+            used += 1 + len(line)
+        while kept and len(lines) > len(kept):
+            # The note of hidden turns counts too: give up the oldest shown lines until it fits.
+            head = f"({len(lines) - len(kept)} earlier turns not shown)"
+            if used + 1 + len(head) <= self.max_chars:
+                break
+            used -= 1 + len(kept.pop())
         hidden = len(lines) - len(kept)
         head = [f"({hidden} earlier turns not shown)"] if hidden else []
-        return "\n".join(head + kept[::-1])
+        text = "\n".join(head + kept[::-1])
+        return text if len(text) <= self.max_chars else ""
 
     def messages(self, system: str, task: str, history: Sequence[PastTurn]) -> list[dict[str, str]]:
         cut = max(0, len(history) - self.window)

@@ -10,6 +10,7 @@ name                value                                               range   
 ``format``          fraction of well-formed turns                       [0, 1]               yes
 ``invalid_action``  ``-(invalid turns) / (turns)``                      [-1, 0]              yes
 ``process``         sum / discounted sum / last of per-step env rewards any                  yes
+``overlong``        DAPO's soft penalty for replies near the limit      [-1, 0]              yes
 ==================  ==================================================  ===================  ==============
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from openmanus_rl_core.protocols import Trajectory, Turn
 
-__all__ = ["GoalReward", "LengthPenalty", "FormatReward", "InvalidActionPenalty", "ProcessReward"]
+__all__ = ["GoalReward", "LengthPenalty", "FormatReward", "InvalidActionPenalty", "ProcessReward", "OverlongPenalty"]
 
 
 def _choice(option: str, value: Any, valid: tuple[str, ...]) -> str:
@@ -208,3 +209,39 @@ class ProcessReward:
 
     def compute(self, trajectory: Trajectory) -> float:
         return float(sum(self.compute_turns(trajectory)))
+
+
+# -------------------------------------------------------------------------------------------- overlong
+class OverlongPenalty:
+    """DAPO's soft overlong punishment, per reply: with ``L`` a reply's tokens, ``L_max = max_length`` and a buffer
+    ``B = buffer_frac * L_max``::
+
+        0                          if L <= L_max - B
+        (L_max - B - L) / B        if L_max - B < L <= L_max      (from 0 down to -1)
+        -1                         if L > L_max
+
+    The trajectory's value is the mean over its replies; ``compute_turns`` gives each reply its own penalty / T,
+    so the ``per_turn`` allocator puts it on the reply that ran long. A reply cut at the limit is not a judgement
+    on its content, so the penalty is soft: it tells the policy to finish earlier without the cliff of a hard -1.
+    ``max_length`` is a reply's token limit (the shipped config takes ``rollout.max_new_tokens``).
+    """
+
+    def __init__(self, max_length: int, buffer_frac: float = 0.25):
+        if not (isinstance(max_length, int) and max_length > 0):
+            raise ValueError(f"overlong max_length must be a positive int, got {max_length!r}")
+        if not (isinstance(buffer_frac, (int, float)) and 0 < buffer_frac <= 1):
+            raise ValueError(f"overlong buffer_frac must be in (0, 1], got {buffer_frac!r}")
+        self.max_length = max_length
+        self.buffer = buffer_frac * max_length
+
+    def penalty(self, length: int) -> float:
+        if length > self.max_length:
+            return -1.0
+        return min(0.0, (self.max_length - self.buffer - length) / self.buffer)
+
+    def compute_turns(self, trajectory: Trajectory) -> list[float]:
+        n = len(trajectory.turns)
+        return [self.penalty(max(0, t.span[1] - t.span[0])) / n for t in trajectory.turns]
+
+    def compute(self, trajectory: Trajectory) -> float:
+        return sum(self.compute_turns(trajectory))

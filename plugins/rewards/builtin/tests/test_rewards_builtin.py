@@ -233,3 +233,28 @@ def test_hook_contributes_config_dir():
 
     (d,) = hooks.openmanus_rl_config_dirs()
     assert (Path(d) / "reward" / "default.yaml").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- overlong
+def test_overlong_soft_penalty_by_hand():
+    from openmanus_rl_rewards.components import OverlongPenalty
+
+    pen = OverlongPenalty(max_length=40, buffer_frac=0.25)  # buffer 10: penalty starts after 30 tokens
+    assert [pen.penalty(n) for n in (0, 30, 31, 35, 40, 41)] == pytest.approx([0.0, 0.0, -0.1, -0.5, -1.0, -1.0])
+    # Two replies of 35 and 10 tokens: -0.5 on the first turn, 0 on the second, each / T.
+    t = traj([turn(span=(0, 35)), turn(span=(38, 48))])
+    assert pen.compute_turns(t) == pytest.approx([-0.25, 0.0])
+    assert pen.compute(t) == pytest.approx(-0.25)
+    with pytest.raises(ValueError, match="1.5"):
+        OverlongPenalty(max_length=40, buffer_frac=1.5)
+    with pytest.raises(ValueError, match="'40'"):
+        OverlongPenalty(max_length="40")
+
+
+def test_overlong_config_adds_to_the_default_reward():
+    from openmanus_rl_core.config import compose
+
+    cfg = compose(["reward=overlong", "rollout.max_new_tokens=24"])
+    comps = cfg.reward.components
+    assert {"goal", "format", "invalid_action", "overlong"} <= set(comps)
+    assert comps["overlong"]["kwargs"]["max_length"] == 24

@@ -1,0 +1,1 @@
+"""TensorBoard tracker for openmanus-rl (see :mod:`openmanus_rl_tensorboard.hooks`)."""
