@@ -95,7 +95,8 @@ def test_plugins_hooks_lists_the_hook_plugins_and_options_lists_each_config_opti
     hooks = subprocess.run(["openmanus-rl", "plugins", "hooks"], capture_output=True, text=True, env=cli_env,
                            timeout=60)
     assert hooks.returncode == 0, hooks.stderr
-    assert ["hooks", "tensorboard", "openmanus-rl-core"] in [line.split()[:3] for line in hooks.stdout.splitlines()]
+    rows = [line.split()[:3] for line in hooks.stdout.splitlines()]
+    assert ["hooks", "tensorboard", "openmanus-rl-tensorboard"] in rows
     assert {line.split()[0] for line in hooks.stdout.splitlines()[1:]} == {"hooks"}
     out = subprocess.run(["openmanus-rl", "plugins", "options", "--json"], capture_output=True, text=True,
                          env=cli_env, timeout=60)

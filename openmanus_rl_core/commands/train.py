@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import logging
 import signal
 import time
 from typing import Any, Mapping, Sequence
@@ -20,14 +20,24 @@ def train(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None) -> int
     return run(cfg, changes)[0]
 
 
+def _not_the_auth_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+def quiet_ray_auth_notice() -> None:
+    """Ray turns token authentication on for a local cluster (kept: it guards the cluster's ports) and says so on
+    every run; that one notice is dropped. Its other messages, the warning that authentication is off included,
+    stay."""
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if _not_the_auth_notice not in logger.filters:
+        logger.addFilter(_not_the_auth_notice)
+
+
 def run(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None,
         rewards: Sequence[Any] = ()) -> tuple[int, dict, Trainer]:
     """``(exit status, final metrics, trainer)`` of a training run; ``rewards``: extra reward components
     (:class:`~openmanus_rl_core.rewards.ComponentSpec`) next to the configured ones."""
-    if cfg.trainer.ray_address is None:
-        # A local Ray keeps token authentication on; said explicitly, Ray does not print its notice on every run.
-        # (Joining a cluster follows that cluster's setting.)
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    quiet_ray_auth_notice()
     trainer = Trainer(cfg)
     try:
         trainer.setup()
