@@ -181,10 +181,11 @@ class Trainer:
         # a step), true (always recomputed), false (never), rollout (the engine's sampling log-probs).
         self.old_log_probs_mode = self.algo.recompute_old_log_probs
         # Off-policy correction in the actor's update (algorithms/correction.py): it needs the engine's log-probs.
-        self.correct = correction_on(cfg)
-        fg = self.algo.filter_groups
-        self.group_filter = GroupFilter(self.composer, fg.metric) if fg.enabled else None
-        self.max_extra_groups = cfg.data.train_batch_size if fg.max_extra_groups is None else fg.max_extra_groups
+        self.correct = correction_on(self.algo, cfg.rollout)
+        filtering = self.algo.filter_groups.enabled
+        self.group_filter = GroupFilter(self.composer, self.algo.filter_groups.metric) if filtering else None
+        extra = self.algo.filter_groups.max_extra_groups
+        self.max_extra_groups = cfg.data.train_batch_size if extra is None else extra
         self.kl_ctrl = self._kl_controller()
 
         # The model every worker loads: a local HF folder, or the embedded tiny model built now.

@@ -137,6 +137,8 @@ ALIASES = {
     "rewards.py": {"cfg": None},  # the reward components mapping
     "algorithms": {"cfg": None, "ocfg": (schema.ActorConfig, schema.CriticConfig)},  # cfg: kwargs of an estimator or loss
     "engines": {"cfg": None},  # a Hugging Face model config
+    # the trainer's parts outside trainer.py take the trainer
+    **{name: {"trainer.cfg": schema.Config} for name in ("validation.py", "trainer_state.py", "warmup.py")},
 }
 # Fields read as a whole (dataclasses.asdict) by the component they configure, not field by field.
 READ_AS_A_WHOLE = {

@@ -34,10 +34,10 @@ import torch
 from openmanus_rl_core.algorithms.losses import masked_mean
 
 
-def correction_on(cfg: Any) -> bool:
-    """Whether a run applies the correction: ``algorithm.rollout_correction`` tis, or auto in the group stream."""
-    mode = cfg.algorithm.rollout_correction
-    return mode == "tis" or (mode == "auto" and cfg.rollout.max_staleness is not None)
+def correction_on(algo: Any, rcfg: Any) -> bool:
+    """Whether a run applies the correction: ``algorithm.rollout_correction`` tis, or auto in the group stream
+    (``algo``: the algorithm section, ``rcfg``: the rollout section)."""
+    return algo.rollout_correction == "tis" or (algo.rollout_correction == "auto" and rcfg.max_staleness is not None)
 
 
 def truncated_is_weights(prox_logprob: torch.Tensor, behav_logprob: torch.Tensor, response_mask: torch.Tensor,

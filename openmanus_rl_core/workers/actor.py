@@ -181,7 +181,7 @@ class ActorWorker(Worker):
         loss_cfg = dict(algo.loss_cfg)
         agg_mode = loss_cfg["agg_mode"]
         use_kl_loss = algo.use_kl_loss and self.ref is not None
-        correct = correction_on(self.cfg)
+        correct = correction_on(algo, self.cfg.rollout)
 
         def part_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
             logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True)
