@@ -2,8 +2,8 @@
 
     python bench/async.py [--repeats 3] [--steps 6] [--rows a,b,c,d,e] [--json out.json] [hydra overrides ...]
 
-First the embedded default's model is warmed up once on key_door's demonstrations (60 supervised steps, so replies
-and episode lengths are those of a learning policy) and exported. Every row is then ``openmanus-rl train`` of that
+First the embedded default's model is warmed up once on key_door's demonstrations (the default 120 supervised
+steps, so replies and episode lengths are those of a learning policy) and exported. Every row is then ``openmanus-rl train`` of that
 folder in a fresh process (``actor.lr`` as the tiny model's recipe), behind the ``latency`` env (key_door, each
 step waiting a seeded lognormal time: median 50 ms, sigma 1.2), 16 tasks x 8 samples = 128 episodes per step, no
 validation. Rows:
@@ -62,9 +62,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def warmed_model(tmp: Path) -> Path:
-    """The embedded default's model after 60 warm-up steps on key_door, as a Hugging Face folder."""
+    """The embedded default's model after the default warm-up on key_door, as a Hugging Face folder."""
     run = tmp / "warm-run"
-    cli("train", "env=key_door", "warmup.steps=60", "warmup.validate=false", "trainer.total_steps=1",
+    cli("train", "env=key_door", "warmup.validate=false", "trainer.total_steps=1",
         f"trainer.run_dir={run}", *QUIET)
     cli("export", f"trainer.checkpoint={run}", f"export.dir={tmp / 'warm'}")
     return tmp / "warm"
