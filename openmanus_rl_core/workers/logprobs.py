@@ -16,8 +16,22 @@ def sequence_logprobs(
     """Log-probabilities of the response tokens under ``model`` (see the module docstring for the layout).
 
     Returns ``logp [B, R]`` and, when ``with_entropy``, the entropy of ``softmax(logits / T)`` per response
-    position ``[B, R]`` (else None). Only the last ``R + 1`` positions' logits are materialised.
+    position ``[B, R]`` (else None). Only the last ``R + 1`` positions' logits are materialised. The columns that
+    are padding in every row are cut before the forward pass (:func:`~.microbatch.trim_columns`); both results
+    are 0 on every padding position.
     """
+    from openmanus_rl_core.workers.microbatch import pad_columns, trim_columns
+
+    small, R = trim_columns(batch)
+    logp, entropy = _logprobs(model, small, temperature, with_entropy)
+    real = batch["attention_mask"][:, -R:].to(logp.dtype) if R else None  # 0 on padding, however rows are grouped
+    logp = pad_columns(logp, R) * real if R else logp
+    if entropy is not None and R:
+        entropy = pad_columns(entropy, R) * real
+    return logp, entropy
+
+
+def _logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool):
     from openmanus_rl_core.algorithms import entropy_from_logits
 
     responses = batch["responses"]
