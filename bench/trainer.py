@@ -224,10 +224,11 @@ def run_ours(spec: dict) -> dict:
                 times.append(time.perf_counter() - t0)
                 lengths.append(m["train/response_length"])
             workers, threads = int(cfg.trainer.num_workers), int(cfg.trainer.torch_threads)
+            sharding = str(trainer.actor.setup_info[0].get("sharding", "full")).split(" ")[0]
         finally:
             trainer.shutdown()
     return {"impl": "ours (trainer)", "step_times": times, "completion_len": statistics.mean(lengths[a["warmup"]:]),
-            "setup": f"Ray, {workers} FSDP2 workers x {threads} thread(s)"}
+            "setup": f"Ray, {workers} workers ({sharding}) x {threads} thread(s)"}
 
 
 class InProcessGRPO:
