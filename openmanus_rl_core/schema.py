@@ -246,6 +246,10 @@ class ActorConfig(OptimConfig):
     log_prob_max_tokens_per_micro_batch: Optional[int] = opt(None, "token budget of one old/reference log-prob "
                                                                    "forward pass (rows sorted by length; null: by "
                                                                    "log_prob_micro_batch_size only)", ge=1)
+    pack_rows: bool = opt(False, "pack each micro-batch's rows into one sequence with per-row position ids "
+                                 "(no padding at all; needs an attention implementation that masks packed "
+                                 "sequences from position ids: transformers' sdpa/eager, flash-attention varlen; "
+                                 "else only the all-padding columns are cut)")
 
 
 @dataclass

@@ -124,11 +124,11 @@ def _update(model_dir, group, batch, *overrides):
     return flat_params(w) - before, metrics, w
 
 
-def _max_update_gap(model_dir, group, batch) -> tuple[float, float]:
+def _max_update_gap(model_dir, group, batch, *extra) -> tuple[float, float]:
     """Largest difference between the padded path (one micro-batch, FSDP2 full shard) and the token-budget path
     (bucketed micro-batches, replicate): in the parameter change (= the gradient), and in any metric."""
     padded, m_pad, _ = _update(model_dir, group, batch, "actor.sharding=full")
-    split, m_split, w = _update(model_dir, group, batch, "actor.sharding=replicate", *BUDGET)
+    split, m_split, w = _update(model_dir, group, batch, "actor.sharding=replicate", *BUDGET, *extra)
     index = w._micro_index(batch, None, 300)
     assert len(index) >= 4 and [i for p in index for i in p] != list(range(len(batch)))  # split and reordered
     assert float(padded.abs().max()) > 1e-3
@@ -140,15 +140,20 @@ def test_the_token_budget_update_equals_the_padded_one_on_very_uneven_rows(model
     assert grad_gap < 1e-5 and metric_gap < 1e-5, (grad_gap, metric_gap)
 
 
+def test_the_packed_token_budget_update_equals_the_padded_one_on_very_uneven_rows(model_dir, group, batch):
+    grad_gap, metric_gap = _max_update_gap(model_dir, group, batch, "actor.pack_rows=true")
+    assert grad_gap < 1e-5 and metric_gap < 1e-5, (grad_gap, metric_gap)
+
+
 def test_a_slip_in_the_token_weighting_fails_the_equality(model_dir, group, batch, monkeypatch):
     monkeypatch.setattr(worker_base, "token_share", lambda part, tokens: len(part) / 16)  # rows' share, not tokens'
     grad_gap, metric_gap = _max_update_gap(model_dir, group, batch)
     assert grad_gap > 1e-4 and metric_gap > 1e-4, (grad_gap, metric_gap)
 
 
-def _logprob_gap(model_dir, group, batch) -> float:
+def _logprob_gap(model_dir, group, batch, *extra) -> float:
     padded = _worker(model_dir, group, "actor.sharding=full").compute_log_probs(batch, with_ref=False)
-    split = _worker(model_dir, group, *BUDGET).compute_log_probs(batch, with_ref=False)
+    split = _worker(model_dir, group, *BUDGET, *extra).compute_log_probs(batch, with_ref=False)
     a, b = padded["old_log_probs"], split["old_log_probs"]
     assert a.shape == b.shape == batch["responses"].shape
     R = batch["responses"].shape[1]
@@ -157,8 +162,9 @@ def _logprob_gap(model_dir, group, batch) -> float:
     return float((a - b).abs().max())  # on real tokens and on padding
 
 
-def test_log_probs_come_back_in_the_original_row_order_and_layout(model_dir, group, batch):
-    assert _logprob_gap(model_dir, group, batch) < 1e-5
+@pytest.mark.parametrize("extra", [(), ("actor.pack_rows=true",)], ids=["bucketed", "packed"])
+def test_log_probs_come_back_in_the_original_row_order_and_layout(model_dir, group, batch, extra):
+    assert _logprob_gap(model_dir, group, batch, *extra) < 1e-5
 
 
 def test_a_row_put_back_in_the_wrong_order_fails_the_log_prob_equality(model_dir, group, batch, monkeypatch):
@@ -197,3 +203,39 @@ def test_the_sharding_choices_give_the_same_update_on_two_ranks(model_dir, tmp_p
         assert gap < 1e-5, (name, gap)
         for k in METRICS:
             assert results[name]["metrics"][k] == pytest.approx(full["metrics"][k], abs=1e-5), (name, k)
+
+
+def test_critic_values_and_update_under_a_token_budget_equal_the_padded_ones(model_dir, group, batch):
+    from openmanus_rl_core.config import load
+    from openmanus_rl_core.workers import CriticWorker
+
+    def critic(*overrides):
+        cfg = load(sgd_like_overrides() + ["algorithm.adv_estimator=gae", "algorithm.use_critic=true",
+                                           "critic.lr=1e4", "critic.eps=1e4", "critic.grad_clip=0", *overrides],
+                   training=False)
+        w = CriticWorker(cfg, rank=0, world_size=1, model_dir=model_dir, total_steps=10)
+        w.setup(*group)
+        return w
+
+    b = batch.select(["input_ids", "attention_mask", "position_ids", "responses", "response_mask"])
+    g = torch.Generator().manual_seed(7)
+    b["values"] = 0.1 * torch.randn(b["response_mask"].shape, generator=g) * b["response_mask"]
+    b["returns"] = torch.randn(b["response_mask"].shape, generator=g) * b["response_mask"]
+    padded, split = critic("critic.sharding=full"), critic("critic.max_tokens_per_micro_batch=300")
+    deltas = []  # the value head starts at 0: the values are compared after the update
+    for w in (padded, split):
+        before = flat_params(w)
+        w.update(b, step=1)
+        deltas.append(flat_params(w) - before)
+    assert float(deltas[0].abs().max()) > 1e-3
+    assert float((deltas[1] - deltas[0]).abs().max()) < 1e-5
+    after_pad, after_split = padded.compute_values(b), split.compute_values(b)
+    assert float(after_pad.abs().max()) > 1e-3
+    assert float((after_split - after_pad).abs().max()) < 1e-5
+
+
+def test_replicate_with_mixed_precision_is_refused_naming_the_key():
+    from openmanus_rl_core.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match="actor.sharding=replicate: trainer.mixed_precision=bf16"):
+        load(["actor.sharding=replicate", "trainer.mixed_precision=bf16"])

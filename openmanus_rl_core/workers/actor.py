@@ -154,15 +154,16 @@ class ActorWorker(Worker):
         out: dict[str, torch.Tensor] = {}
         batch = batch.to(self.device)
         limits = (self.optim_cfg.log_prob_micro_batch_size, self.optim_cfg.log_prob_max_tokens_per_micro_batch)
+        pack = self.optim_cfg.pack_rows
         if with_old:
             self.model.eval()
             out["old_log_probs"] = self._forward_rows(
-                batch, lambda mb: sequence_logprobs(self.model, mb, self.temperature)[0], *limits).cpu()
+                batch, lambda mb: sequence_logprobs(self.model, mb, self.temperature, pack=pack)[0], *limits).cpu()
             self.model.train()
             self.sharding.after_step(self.model)
         if with_ref and self.ref is not None:
             out["ref_log_probs"] = self._forward_rows(
-                batch, lambda mb: sequence_logprobs(self.ref, mb, self.temperature)[0], *limits).cpu()
+                batch, lambda mb: sequence_logprobs(self.ref, mb, self.temperature, pack=pack)[0], *limits).cpu()
         return out
 
     # ---------------------------------------------------------------------------------------------- update
@@ -186,7 +187,8 @@ class ActorWorker(Worker):
         use_kl_loss = algo.use_kl_loss and self.ref is not None
 
         def part_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-            logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True)
+            logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True,
+                                              pack=self.optim_cfg.pack_rows)
             mask = part["response_mask"]
             old = part["old_log_probs"] if "old_log_probs" in part else logp.detach()
             pg_loss, pg_metrics = loss_fn(old, logp, part["advantages"], mask, **loss_cfg)
