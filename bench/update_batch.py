@@ -11,6 +11,8 @@ with the same peak tokens per forward pass: ``before`` splits rows in their orde
 the batch's longest row (the update as it was: no column is cut); ``after`` sets
 ``actor.max_tokens_per_micro_batch`` to ``--ub-rows`` x the longest row. Time: median of ``--ub-repeats`` updates
 after one warm-up update. Padding fraction: padding positions over all positions the forward passes process.
+``packed``: as ``after`` with ``actor.pack_rows=true`` (no padding at all; attention over each packed micro-batch
+is one masked ``[T, T]`` product on CPU).
 """
 
 from __future__ import annotations
@@ -101,10 +103,13 @@ def run(envs: list[str], args) -> list[dict]:
             sides = {
                 "before": (overrides + [f"actor.micro_batch_size={args.ub_rows}", "actor.sharding=full"], True),
                 "after": (overrides + [f"actor.max_tokens_per_micro_batch={args.ub_rows * longest}"], False),
+                "packed": (overrides + [f"actor.max_tokens_per_micro_batch={args.ub_rows * longest}",
+                                        "actor.pack_rows=true"], False),
             }
             result = {"env": env, "samples": len(batch), "real_tokens": real, "longest": longest}
             for side, (ov, padded) in sides.items():
                 times, positions = time_update(batch, ov, model_dir, args.ub_repeats, padded)
+                positions = real if side == "packed" else positions
                 result[side] = {"update_s": statistics.median(times), "times": times,
                                 "padding": 1 - real / positions, "positions": positions}
             rows.append(result)
@@ -116,9 +121,10 @@ def print_table(rows: list[dict], args) -> None:
           f"random tiny Qwen2, 1 rank, 1 thread; median of {args.ub_repeats} updates; same peak tokens per forward "
           f"pass: {args.ub_rows} rows x the longest row)")
     print("| env | samples | real tokens | longest row | padding before | padding after | update s before | "
-          "update s after | speed-up |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "update s after | speed-up | update s packed | speed-up packed |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        b, a = r["before"], r["after"]
+        b, a, p = r["before"], r["after"], r["packed"]
         print(f"| {r['env']} | {r['samples']} | {r['real_tokens']} | {r['longest']} | {b['padding']:.1%} | "
-              f"{a['padding']:.1%} | {b['update_s']:.2f} | {a['update_s']:.2f} | {b['update_s'] / a['update_s']:.2f}x |")
+              f"{a['padding']:.1%} | {b['update_s']:.2f} | {a['update_s']:.2f} | {b['update_s'] / a['update_s']:.2f}x | "
+              f"{p['update_s']:.2f} | {b['update_s'] / p['update_s']:.2f}x |")
