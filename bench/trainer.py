@@ -224,10 +224,11 @@ def run_ours(spec: dict) -> dict:
                 times.append(time.perf_counter() - t0)
                 lengths.append(m["train/response_length"])
             workers, threads = int(cfg.trainer.num_workers), int(cfg.trainer.torch_threads)
+            sharding = str(trainer.actor.setup_info[0].get("sharding", "full")).split(" ")[0]
         finally:
             trainer.shutdown()
     return {"impl": "ours (trainer)", "step_times": times, "completion_len": statistics.mean(lengths[a["warmup"]:]),
-            "setup": f"Ray, {workers} FSDP2 workers x {threads} thread(s)"}
+            "setup": f"Ray, {workers} workers ({sharding}) x {threads} thread(s)"}
 
 
 class InProcessGRPO:
@@ -325,6 +326,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "its own row; 0 = torch's default (all cores)")
     p.add_argument("--only", default="trl,ours,inprocess", help="comma-separated subset of trl, ours, inprocess")
     p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--update-batches", default="",
+                   help="instead of the step table: the update on per-turn-sample batches of these envs (comma-"
+                        "separated: relay, babyai; bench/update_batch.py)")
+    p.add_argument("--ub-episodes", type=int, default=2, help="--update-batches: episodes per env")
+    p.add_argument("--ub-turns", type=int, default=50, help="--update-batches: turns per episode")
+    p.add_argument("--ub-rows", type=int, default=8, help="--update-batches: rows per micro-batch before")
+    p.add_argument("--ub-repeats", type=int, default=3, help="--update-batches: timed updates per side")
     p.add_argument("--child", nargs=3, metavar=("IMPL", "SPEC", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. env=word_copy model.tiny.hidden_size=128")
     return p.parse_args(argv)
@@ -339,6 +347,15 @@ def main(argv=None) -> int:
         spec["threads"] = int(threads or 0)
         result = RUNNERS[impl](spec)
         Path(out).write_text(json.dumps(result))
+        return 0
+    if args.update_batches:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import update_batch
+
+        rows = update_batch.run([e.strip() for e in args.update_batches.split(",") if e.strip()], args)
+        update_batch.print_table(rows, args)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"args": vars(args), "update_batches": rows}, indent=2))
         return 0
     impls = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in impls if s not in RUNNERS]

@@ -252,6 +252,16 @@ class OptimConfig:
                                                    "(null: the whole batch)", ge=1)
     micro_batch_size: Optional[int] = opt(None, "rows per forward pass on a rank (gradient accumulation; also "
                                                 "the forward passes outside the update; null: all at once)", ge=1)
+    max_tokens_per_micro_batch: Optional[int] = opt(None, "token budget of one forward pass on a rank: rows sorted "
+                                                          "by length, each micro-batch at most this many "
+                                                          "rows x longest-row tokens (also the forward passes outside "
+                                                          "the update; null: by micro_batch_size only)", ge=1)
+    sharding: str = opt("auto", "how the ranks hold the model: full (FSDP2, parameters, gradients and optimizer "
+                                "sharded), grad_op (gradients and optimizer sharded, parameters gathered once per "
+                                "step), replicate (a whole copy per rank, gradients all-reduced once per step), "
+                                "auto (replicate when the training state fits easily in a rank's memory, else "
+                                "grad_op, else full; the start-up line says which)",
+                        choices=("auto", "full", "grad_op", "replicate"))
     shuffle: bool = opt(True, "shuffle rows into mini-batches (a fixed function of seed and step)")
 
 
@@ -261,6 +271,13 @@ class ActorConfig(OptimConfig):
 
     log_prob_micro_batch_size: Optional[int] = opt(None, "rows per forward pass of the old/reference log-probs "
                                                          "(null: all at once)", ge=1)
+    log_prob_max_tokens_per_micro_batch: Optional[int] = opt(None, "token budget of one old/reference log-prob "
+                                                                   "forward pass (rows sorted by length; null: by "
+                                                                   "log_prob_micro_batch_size only)", ge=1)
+    pack_rows: bool = opt(False, "pack each micro-batch's rows into one sequence with per-row position ids "
+                                 "(no padding at all; needs an attention implementation that masks packed "
+                                 "sequences from position ids: transformers' sdpa/eager, flash-attention varlen; "
+                                 "else only the all-padding columns are cut)")
 
 
 @dataclass
@@ -427,5 +444,14 @@ def _rule_correction(c: Config) -> str | None:
     return None
 
 
+def _rule_replicate_precision(c: Config) -> str | None:
+    for role, sec in (("actor", c.actor), ("critic", c.critic)):
+        if sec.sharding == "replicate" and c.trainer.mixed_precision:
+            return (f"{role}.sharding=replicate: trainer.mixed_precision={c.trainer.mixed_precision} needs an FSDP2 "
+                    f"sharding; use {role}.sharding=full, grad_op or auto")
+    return None
+
+
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
-RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_correction)
+RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_correction,
+         _rule_replicate_precision)

@@ -215,7 +215,8 @@ class Trainer:
                                                       self.model_dir, self.total_steps)
         W, info = self.actor.size, self.actor.setup_info[0]
         self.log(f"{W} actor worker(s){' + ' + str(W) + ' critic worker(s)' if self.critic else ''} ready on "
-                 f"{info['device']} in {time.perf_counter() - t0:.1f}s; policy parameters: {info['params']:,}")
+                 f"{info['device']} in {time.perf_counter() - t0:.1f}s; policy parameters: {info['params']:,}; "
+                 f"sharding: {info.get('sharding', 'full')}")
 
     # --------------------------------------------------------------------------------------- rollout
     def _rollout(self, tasks: list[dict], overrides: Mapping[str, Any] | None = None, keep_rng: bool = False):

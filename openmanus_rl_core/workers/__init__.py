@@ -27,8 +27,12 @@ Token layout of a training batch (what :func:`openmanus_rl_core.rollout.build_ba
 The log-probability of response token ``t`` is read from the logits at position ``P + t - 1``:
 ``logp[b, t] = log_softmax(logits[b, P + t - 1] / T)[responses[b, t]]`` with ``T`` the rollout temperature.
 
+How the ranks hold the model is ``actor.sharding`` / ``critic.sharding`` (FSDP2 full shard, gradients and optimizer
+sharded, or a replica per rank; :mod:`openmanus_rl_core.distributed.fsdp`); micro-batches follow a token budget with
+rows bucketed by length (:mod:`.microbatch`, docs/update.md).
+
 Files: :mod:`.base` (process group, seeding, the update loop both roles share, checkpoint state), :mod:`.actor`,
-:mod:`.critic`, :mod:`.logprobs`, :mod:`.rng`. The group that runs them is
+:mod:`.critic`, :mod:`.logprobs`, :mod:`.microbatch`, :mod:`.rng`. The group that runs them is
 :class:`~openmanus_rl_core.distributed.worker_group.WorkerGroup`.
 """
 

@@ -12,8 +12,8 @@ import torch
 
 from openmanus_rl_core.algorithms.schedules import make_optimizer
 from openmanus_rl_core.batch import Batch
-from openmanus_rl_core.distributed.fsdp import apply_fsdp, gather_full_state
-from openmanus_rl_core.workers.base import Worker, _micro
+from openmanus_rl_core.distributed.fsdp import choose_sharding, gather_full_state
+from openmanus_rl_core.workers.base import Worker
 from openmanus_rl_core.workers.logprobs import sequence_logprobs
 from openmanus_rl_core.workers.rng import saved_generator
 
@@ -65,12 +65,14 @@ class ActorWorker(Worker):
         # The reference policy (frozen initial weights), only when a KL term needs it.
         self.use_ref = cfg.algorithm.use_kl_in_reward or cfg.algorithm.use_kl_loss
         self.ref = None
+        mp = cfg.trainer.mixed_precision
+        self.sharding, why = choose_sharding(cfg.actor.sharding, model, self.device, self.world_size, mp)
         if self.use_ref:
             ref = copy.deepcopy(model).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
-            self.ref = apply_fsdp(ref.to(self.device), cfg.trainer.mixed_precision)
-        self.model = apply_fsdp(model.to(self.device), cfg.trainer.mixed_precision)
+            self.ref = self.sharding.wrap(ref.to(self.device), mp)
+        self.model = self.sharding.wrap(model.to(self.device), mp)
         self.optim_cfg = cfg.actor
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = make_optimizer(params, self.optim_cfg, self.total_steps)
@@ -85,7 +87,7 @@ class ActorWorker(Worker):
         self.warm_optimizer = None
         n_params = sum(p.numel() for p in self.model.parameters())
         return {"rank": self.rank, "device": str(self.device), "params": int(n_params),
-                "trainable": int(sum(p.numel() for p in params))}
+                "trainable": int(sum(p.numel() for p in params)), "sharding": f"{self.sharding.name} ({why})"}
 
     def _agent_parts(self):
         """Template and env factory, built once per worker from the registries."""
@@ -146,18 +148,22 @@ class ActorWorker(Worker):
     # ------------------------------------------------------------------------------------------- log-probs
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch, with_ref: bool = True, with_old: bool = True) -> dict[str, torch.Tensor]:
-        """``old_log_probs`` (current policy) and ``ref_log_probs`` (reference policy) for this rank's rows,
-        ``actor.log_prob_micro_batch_size`` rows per forward pass."""
+        """``old_log_probs`` (current policy) and ``ref_log_probs`` (reference policy) ``[B, R]`` for this rank's
+        rows, in their order and layout (0 in padding columns), micro-batched by ``actor.log_prob_micro_batch_size``
+        rows and ``actor.log_prob_max_tokens_per_micro_batch`` tokens."""
         out: dict[str, torch.Tensor] = {}
-        parts = _micro(batch.to(self.device), self.optim_cfg.log_prob_micro_batch_size)
+        batch = batch.to(self.device)
+        limits = (self.optim_cfg.log_prob_micro_batch_size, self.optim_cfg.log_prob_max_tokens_per_micro_batch)
+        pack = self.optim_cfg.pack_rows
         if with_old:
             self.model.eval()
-            out["old_log_probs"] = torch.cat([sequence_logprobs(self.model, mb, self.temperature)[0]
-                                              for mb in parts]).cpu()
+            out["old_log_probs"] = self._forward_rows(
+                batch, lambda mb: sequence_logprobs(self.model, mb, self.temperature, pack=pack)[0], *limits).cpu()
             self.model.train()
+            self.sharding.after_step(self.model)
         if with_ref and self.ref is not None:
-            out["ref_log_probs"] = torch.cat([sequence_logprobs(self.ref, mb, self.temperature)[0]
-                                              for mb in parts]).cpu()
+            out["ref_log_probs"] = self._forward_rows(
+                batch, lambda mb: sequence_logprobs(self.ref, mb, self.temperature, pack=pack)[0], *limits).cpu()
         return out
 
     # ---------------------------------------------------------------------------------------------- update
@@ -184,7 +190,8 @@ class ActorWorker(Worker):
         correct = correction_on(algo, self.cfg.rollout)
 
         def part_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-            logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True)
+            logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True,
+                                              pack=self.optim_cfg.pack_rows)
             mask = part["response_mask"]
             old = part["old_log_probs"] if "old_log_probs" in part else logp.detach()
             adv, corr = part["advantages"], {}

@@ -23,6 +23,7 @@ from openmanus_rl_core.distributed.ray_node import (
     loopback_interface,
 )
 from openmanus_rl_core.schema import Config
+from openmanus_rl_core.workers.microbatch import plan_micro_batches, row_extents, token_share
 from openmanus_rl_core.workers.rng import capture_worker_rng, restore_worker_rng
 
 GIL_SWITCH_INTERVAL_S = 0.0005  # see Worker.__init__
@@ -128,6 +129,7 @@ class Worker:
         """Clip the gradients to ``max_norm`` (none when <= 0), then step ``optimizer`` only if the loss and the
         gradient norm are finite on every rank; gradients are cleared either way. Returns ``(grad_norm, stepped)``.
         """
+        self.sharding.sync_grads(self.model)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if not params:
             norm = 0.0
@@ -141,13 +143,29 @@ class Worker:
         if stepped:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        self.sharding.after_step(self.model)
         return norm, stepped
+
+    def _micro_index(self, batch: Batch, max_rows: int | None, max_tokens: int | None) -> list[list[int]]:
+        """Row indices of ``batch``'s micro-batches (:func:`plan_micro_batches`). Under a token budget the ranks
+        agree on the count (the largest any rank needs): a sharded model's forward passes are collectives."""
+        prompt, resp = row_extents(batch)
+        index = plan_micro_batches(prompt, resp, max_tokens, max_rows)
+        if max_tokens and self.world_size > 1 and self.sharding.collective_forward:
+            import torch.distributed as dist
+
+            k = torch.tensor([len(index)], device=self.device)
+            dist.all_reduce(k, op=dist.ReduceOp.MAX)
+            if int(k.item()) > len(index):
+                index = plan_micro_batches(prompt, resp, max_tokens, max_rows, num_parts=int(k.item()))
+        return index
 
     def _update_loop(self, batch: Batch, step: int, part_loss: Callable[[Batch], tuple[torch.Tensor, dict]],
                      loss_key: str, stream: tuple[int, ...] = ()) -> dict[str, float]:
         """The update both roles share: ``optim_cfg.ppo_epochs`` passes over ``batch`` in mini-batches of
         ``optim_cfg.ppo_mini_batch_size`` rows (split among the ranks), each mini-batch accumulated over
-        micro-batches of ``optim_cfg.micro_batch_size`` rows, then one clipped optimizer step.
+        micro-batches (``optim_cfg.micro_batch_size`` rows, or by the token budget
+        ``optim_cfg.max_tokens_per_micro_batch`` with rows bucketed by length), then one clipped optimizer step.
 
         ``part_loss(micro_batch) -> (loss, stats)`` gives a micro-batch's token-mean loss. Micro-batches are weighted
         by their share of the mini-batch's response tokens, so the accumulated gradient (and each stat) equals the
@@ -161,13 +179,15 @@ class Worker:
         skipped = 0
         for _, mb in _minibatches(batch, mini, ocfg.ppo_epochs, ocfg.shuffle, (self.seed, int(step), self.rank, *stream)):
             self.optimizer.zero_grad(set_to_none=True)
-            parts = _micro(mb, ocfg.micro_batch_size)
+            index = self._micro_index(mb, ocfg.micro_batch_size, ocfg.max_tokens_per_micro_batch)
             mb_tokens = float(mb["response_mask"].sum().clamp_min(1))
             stats: dict[str, float] = {}
             total = 0.0
-            for part in parts:
+            for i, rows in enumerate(index):
+                part = mb[rows] if len(index) > 1 else mb
+                self.sharding.before_backward(self.model, last=i == len(index) - 1)
                 loss, part_stats = part_loss(part)
-                weight = float(part["response_mask"].sum()) / mb_tokens if len(parts) > 1 else 1.0
+                weight = token_share(part, mb_tokens) if len(index) > 1 else 1.0
                 (loss * weight).backward()
                 total += float(loss.detach()) * weight
                 for k, v in part_stats.items():
@@ -178,6 +198,16 @@ class Worker:
             stats[f"{self.role}/grad_norm"] = grad_norm
             per_update.append(stats)
         return self._finish_updates(self.role, per_update, skipped)
+
+    def _forward_rows(self, batch: Batch, fn: Callable[[Batch], torch.Tensor], max_rows: int | None,
+                      max_tokens: int | None) -> torch.Tensor:
+        """``fn`` (per-row results) over ``batch`` in micro-batches, results in the original row order."""
+        from openmanus_rl_core.workers.microbatch import restore_rows
+
+        index = self._micro_index(batch, max_rows, max_tokens)
+        if len(index) == 1:
+            return fn(batch)
+        return restore_rows([fn(batch[rows]) for rows in index], index)
 
     def _finish_updates(self, role: str, per_update: list[dict[str, float]], skipped: int) -> dict[str, float]:
         """End of one ``update`` call: advance the LR schedule; each stat averaged over the optimizer steps (a stat
@@ -242,7 +272,3 @@ def _minibatches(batch: Batch, mini_size: int | None, epochs: int, shuffle: bool
             rows = batch
         for mb in rows.split(size):
             yield epoch, mb
-
-
-def _micro(batch: Batch, micro_size: int | None) -> list[Batch]:
-    return batch.split(int(micro_size)) if micro_size and micro_size < len(batch) else [batch]

@@ -8,8 +8,9 @@ import torch
 
 from openmanus_rl_core.algorithms.schedules import make_optimizer
 from openmanus_rl_core.batch import Batch
-from openmanus_rl_core.distributed.fsdp import apply_fsdp
-from openmanus_rl_core.workers.base import Worker, _micro
+from openmanus_rl_core.distributed.fsdp import choose_sharding
+from openmanus_rl_core.workers.base import Worker
+from openmanus_rl_core.workers.microbatch import on_trimmed
 
 
 class ValueModel(torch.nn.Module):
@@ -36,11 +37,16 @@ class ValueModel(torch.nn.Module):
 
 
 def _value_positions(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """Values aligned with the response tokens: position ``P + t - 1`` scores token ``t`` (as log-probs do)."""
-    R = batch["responses"].shape[1]
-    values = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=batch["position_ids"])
-    return values[:, -R - 1:-1].float()
+    """Values aligned with the response tokens: position ``P + t - 1`` scores token ``t`` (as log-probs do).
+    Computed without the batch's all-padding columns; 0 in those."""
+
+    def values(small: Batch) -> torch.Tensor:
+        R = small["responses"].shape[1]
+        v = model(input_ids=small["input_ids"], attention_mask=small["attention_mask"],
+                  position_ids=small["position_ids"])
+        return v[:, -R - 1:-1].float()
+
+    return on_trimmed(values, batch)
 
 
 class CriticWorker(Worker):
@@ -60,22 +66,26 @@ class CriticWorker(Worker):
         hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd"))
         model = ValueModel(backbone, hidden).to(dtype)
         model.train()
-        self.model = apply_fsdp(model.to(self.device), self.cfg.trainer.mixed_precision)
+        mp = self.cfg.trainer.mixed_precision
+        self.sharding, why = choose_sharding(self.cfg.critic.sharding, model, self.device, self.world_size, mp)
+        self.model = self.sharding.wrap(model.to(self.device), mp)
         self.optim_cfg = self.cfg.critic
         self.optimizer, self.scheduler = make_optimizer(list(self.model.parameters()), self.optim_cfg,
                                                          self.total_steps)
         return {"rank": self.rank, "device": str(self.device),
-                "params": int(sum(p.numel() for p in self.model.parameters()))}
+                "params": int(sum(p.numel() for p in self.model.parameters())),
+                "sharding": f"{self.sharding.name} ({why})"}
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
-        """Values ``[B, R]`` for this rank's rows (0 where ``response_mask`` is 0), ``critic.micro_batch_size``
-        rows per forward pass."""
+        """Values ``[B, R]`` for this rank's rows (0 where ``response_mask`` is 0), micro-batched by
+        ``critic.micro_batch_size`` rows and ``critic.max_tokens_per_micro_batch`` tokens."""
         self.model.eval()
         batch = batch.to(self.device)
-        values = torch.cat([_value_positions(self.model, mb)
-                            for mb in _micro(batch, self.optim_cfg.micro_batch_size)])
+        values = self._forward_rows(batch, lambda mb: _value_positions(self.model, mb), self.optim_cfg.micro_batch_size,
+                                    self.optim_cfg.max_tokens_per_micro_batch)
         self.model.train()
+        self.sharding.after_step(self.model)
         return (values * batch["response_mask"].to(values.dtype)).cpu()
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:

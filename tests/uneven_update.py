@@ -1,0 +1,86 @@
+"""A training batch with very uneven row lengths, and one policy update on it by a group of ranks.
+
+    python tests/uneven_update.py MODEL_DIR OUT.pt RANKS [override ...]
+
+runs ``RANKS`` processes (a gloo group), each an :class:`ActorWorker` built with the overrides, one update on its
+share of :func:`uneven_batch`; rank 0 saves the parameter change and the metrics to ``OUT.pt``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from openmanus_rl_core.batch import Batch
+
+
+def uneven_batch(vocab: int, rows: int = 16, seed: int = 0, pad: int = 0) -> Batch:
+    """``rows`` rows whose prompts (2-48 tokens) and responses (1-80 positions) differ by an order of magnitude;
+    each response has an observation span (attended, mask 0). Advantages are random; no old log-probs (an
+    on-policy update)."""
+    g = torch.Generator().manual_seed(seed)
+    plen = torch.randint(2, 49, (rows,), generator=g)
+    rlen = torch.randint(1, 81, (rows,), generator=g)
+    plen[0], rlen[1] = 48, 80  # the layout's P and R are the longest prompt and response
+    P, R = int(plen.max()), int(rlen.max())
+    ids = torch.full((rows, P + R), pad, dtype=torch.long)
+    attn = torch.zeros((rows, P + R), dtype=torch.long)
+    mask = torch.zeros((rows, R))
+    for i, (p, r) in enumerate(zip(plen.tolist(), rlen.tolist())):
+        ids[i, P - p:P + r] = torch.randint(1, vocab, (p + r,), generator=g)
+        attn[i, P - p:P + r] = 1
+        mask[i, :r] = 1
+        if r > 6:  # an observation inside the response: attended, not trained
+            mask[i, r // 3:r // 3 + 3] = 0
+    batch = Batch(tensors={"input_ids": ids, "attention_mask": attn,
+                           "position_ids": (attn.cumsum(-1) - 1).clamp_min(0), "responses": ids[:, P:].clone(),
+                           "response_mask": mask})
+    batch["advantages"] = torch.randn((rows, R), generator=g) * mask
+    return batch
+
+
+def sgd_like_overrides() -> list[str]:
+    """AdamW's first step with ``lr = eps`` far above every gradient entry: the parameters move by the gradient."""
+    return ["seed=3", "env=word_copy", "template=react", "rollout.max_new_tokens=8", "trainer.device=cpu",
+            "actor.lr=1e4", "actor.eps=1e4", "actor.grad_clip=0"]
+
+
+def flat_params(worker) -> torch.Tensor:
+    """Every parameter of the training model, full (gathered on every rank), flattened."""
+    return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().flatten().clone()
+                      for p in worker.model.parameters()])
+
+
+def _rank(rank: int, world: int, model_dir: str, out: str, port: int, overrides: list[str]) -> None:
+    from openmanus_rl_core.config import load
+    from openmanus_rl_core.distributed.sharding import shard_batch
+    from openmanus_rl_core.workers import ActorWorker
+
+    cfg = load(sgd_like_overrides() + overrides, training=False)
+    w = ActorWorker(cfg, rank=rank, world_size=world, model_dir=model_dir, total_steps=10)
+    info = w.setup("127.0.0.1", port)
+    batch = uneven_batch(len(w.tokenizer), pad=w.tokenizer.pad_token_id)
+    shards, _ = shard_batch(batch, world)
+    before = flat_params(w)
+    metrics = w.update(shards[rank], step=1)
+    delta = flat_params(w) - before
+    if rank == 0:
+        torch.save({"delta": delta, "metrics": metrics, "sharding": info["sharding"]}, out)
+    w.shutdown()
+
+
+def main(argv: list[str]) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    model_dir, out, world, *overrides = argv
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(int(world), model_dir, out, port, overrides), nprocs=int(world), join=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
