@@ -123,9 +123,10 @@ class AlgorithmConfig:
         "true (always), false (never), rollout (the engine's sampling log-probs)",
         choices=("auto", "true", "false", "rollout"))
     rollout_correction: str = opt(
-        "auto", "off-policy correction with the engine's log-probs as the behaviour policy (docs/async.md): tis "
-        "(decoupled PPO, clip on the recomputed old log-probs, weight each token by min(pi_old/pi_engine, tis_cap)), "
-        "off, or auto (tis in the group stream, else off)", choices=("auto", "tis", "off"))
+        "auto", "training on tokens the engine sampled with other weights (docs/async.md): behaviour (the PPO ratio "
+        "and its clip against the engine's log-probs: a trust region around the policy that sampled), tis "
+        "(decoupled PPO: clip on the recomputed old log-probs, weight each token by min(pi_old/pi_engine, tis_cap)), "
+        "off, or auto (behaviour in the group stream, else off)", choices=("auto", "behaviour", "tis", "off"))
     tis_cap: float = opt(2.0, "rollout_correction=tis: the cap of the per-token importance weight", ge=1)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     use_kl_in_reward: bool = opt(False, "subtract kl_ctrl.kl_coef * KL(policy || reference) from the rewards")

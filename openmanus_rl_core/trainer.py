@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from openmanus_rl_core.algorithms.correction import correction_on
+from openmanus_rl_core.algorithms.correction import correction_mode
 from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter
 from openmanus_rl_core.config import check
 from openmanus_rl_core.metrics import mean
@@ -180,8 +180,9 @@ class Trainer:
         # Old log-probs of the PPO ratio: auto (recomputed by the actor only when the update is off-policy within
         # a step), true (always recomputed), false (never), rollout (the engine's sampling log-probs).
         self.old_log_probs_mode = self.algo.recompute_old_log_probs
-        # Off-policy correction in the actor's update (algorithms/correction.py): it needs the engine's log-probs.
-        self.correct = correction_on(self.algo, cfg.rollout)
+        # Off-policy correction (algorithms/correction.py): tis in the actor's update, which then needs the engine's
+        # log-probs; behaviour takes the PPO ratio against them.
+        self.correction = correction_mode(self.algo, cfg.rollout)
         filtering = self.algo.filter_groups.enabled
         self.group_filter = GroupFilter(self.composer, self.algo.filter_groups.metric) if filtering else None
         extra = self.algo.filter_groups.max_extra_groups
@@ -336,7 +337,8 @@ class Trainer:
 
         Old log-probs (``algorithm.recompute_old_log_probs``): ``auto`` recomputes them when the update is off-policy
         within the step (several mini-batches or epochs) or a KL penalty needs them, else the update uses the
-        detached current ones; ``true`` always, ``false`` never, ``rollout`` takes the engine's sampling log-probs.
+        detached current ones; ``true`` always, ``false`` never, ``rollout`` takes the engine's sampling log-probs (so
+        does ``algorithm.rollout_correction=behaviour``, the group stream's default).
         Reference log-probs: when a KL term (reward penalty or loss) is on.
         """
         from openmanus_rl_core.algorithms import masked_mean
@@ -347,9 +349,10 @@ class Trainer:
         multi = self.cfg.actor.ppo_epochs > 1 or (mini is not None and mini < len(batch))
         with_ref = algo.use_kl_in_reward or algo.use_kl_loss
         need_old = mode == "true" or (mode == "auto" and multi) or algo.use_kl_in_reward
-        if mode == "rollout":
+        if mode == "rollout" or self.correction == "behaviour":  # the ratio against the policy that sampled
             batch["old_log_probs"] = batch["rollout_log_probs"]
-        elif need_old or with_ref:
+            need_old = False
+        if need_old or with_ref:
             lean, pad = self._lean_shards(batch)
             with self.timer("old_log_prob"):
                 outs = self.actor.call_each("compute_log_probs", [(s,) for s in lean], with_ref=with_ref,
@@ -419,7 +422,7 @@ class Trainer:
 
         shards, _ = shard_batch(batch, self.actor.size)
         keys = [*LEAN_KEYS, "advantages", *(k for k in ("old_log_probs", "ref_log_probs") if k in batch),
-                *(["rollout_log_probs"] if self.correct else [])]
+                *(["rollout_log_probs"] if self.correction == "tis" else [])]
         with self.timer("update_actor"):
             ams = self.actor.call_each("update", [(s.select(keys), step) for s in shards])
         metrics.update(_avg(ams))

@@ -426,8 +426,8 @@ def test_embedded_default_batch_with_the_vllm_engine(tmp_path):
 @pytest.mark.slow
 def test_the_group_stream_with_the_vllm_engine(tmp_path):
     """The group stream (eta=1) with vLLM engines: each rank's stream thread generates through its engine while
-    weights are pushed at turn boundaries; every trained sample is at most one version old, and the rollout
-    correction (on in the stream) reports the behaviour-proximal KL."""
+    weights are pushed at turn boundaries; every trained sample is at most one version old, and the PPO ratio is
+    taken against vLLM's own log-probs (the stream's default correction)."""
     rows = run_train(tmp_path, "+rollout.engine_kwargs={enforce_eager: true}", "model.tiny.num_heads=2",
                      "model.tiny.num_kv_heads=1", "trainer.total_steps=4", "warmup.enabled=false", *QUIET,
                      "data.train_batch_size=4", "rollout.max_new_tokens=16", "rollout.max_staleness=1")
@@ -435,4 +435,4 @@ def test_the_group_stream_with_the_vllm_engine(tmp_path):
     assert len(steps) == 4 and all(r["stream/groups"] == 4 for r in steps)
     assert all(r["stream/staleness_max"] <= 1 for r in steps)
     assert any(r["stream/staleness_share/1"] > 0 for r in steps[1:])  # the stream ran ahead of the trainer
-    assert all(abs(r["actor/behav_prox_kl"]) < 1.0 and 0 < r["actor/tis_weight_mean"] < 2 for r in steps)
+    assert all(r["actor/rollout_logprob_diff"] == 0.0 and abs(r["actor/ppo_kl"]) < 1.0 for r in steps)

@@ -274,3 +274,25 @@ def test_a_stream_resumed_at_a_later_version_admits_one_window_not_all_earlier_s
         assert len({e.group_id for e in eps}) == B
         actor.advance(3)
         actor.version = v + 1
+
+
+@pytest.mark.parametrize("correction, engine_is_old", [("behaviour", True), ("off", False), ("tis", False)])
+def test_the_stream_default_takes_the_ppo_ratio_against_the_engine_log_probs(correction, engine_is_old):
+    """algorithm.rollout_correction=behaviour (auto in the stream): old_log_probs are the engine's sampling
+    log-probs, so the PPO clip bounds how far an update moves from the policy that sampled."""
+    from openmanus_rl_core.algorithms.correction import correction_mode
+    from openmanus_rl_core.schema import AlgorithmConfig
+    from openmanus_rl_core.trainer import Trainer
+
+    stream, plain = RolloutConfig(max_staleness=2), RolloutConfig()
+    assert correction_mode(AlgorithmConfig(), stream) == "behaviour"
+    assert correction_mode(AlgorithmConfig(), plain) == "off"
+    assert correction_mode(AlgorithmConfig(rollout_correction="tis"), plain) == "tis"
+    algo = AlgorithmConfig(rollout_correction=correction)
+    owner = SimpleNamespace(algo=algo, old_log_probs_mode="auto", correction=correction_mode(algo, stream),
+                            cfg=SimpleNamespace(actor=SimpleNamespace(ppo_mini_batch_size=None, ppo_epochs=1)))
+    batch = {"rollout_log_probs": BEHAV.clone(), "response_mask": MASK.clone()}
+    Trainer.phase_log_probs(owner, batch, {})
+    assert ("old_log_probs" in batch) == engine_is_old
+    if engine_is_old:
+        assert torch.equal(batch["old_log_probs"], BEHAV)

@@ -319,12 +319,16 @@ def test_lora_trains_only_the_adapters_and_syncs_them_into_the_engine(model_dir,
                           atol=1e-4)
 
 
-def test_the_rollout_correction_weighs_each_token_by_the_capped_ratio_to_the_engine(model_dir, dist_group, actor):
+@pytest.mark.parametrize("budget", [None, 40], ids=["one-pass", "token-budget"])
+def test_the_rollout_correction_weighs_each_token_by_the_capped_ratio_to_the_engine(model_dir, dist_group, actor,
+                                                                                     budget):
     """algorithm.rollout_correction=tis: the update equals a plain one whose advantages are multiplied by
     min(pi_prox / pi_engine, tis_cap), pi_prox being the weights before the update (on-policy within the step: no
-    extra forward pass) and pi_engine the rollout's log-probs."""
+    extra forward pass) and pi_engine the rollout's log-probs; also when a token budget splits the rows into
+    micro-batches with their padding columns cut."""
     def fresh(*overrides):
-        w = ActorWorker(_cfg("actor.lr=1e4", "actor.eps=1e4", "actor.grad_clip=0.0", *overrides), rank=0,
+        limit = [] if budget is None else [f"actor.max_tokens_per_micro_batch={budget}"]
+        w = ActorWorker(_cfg("actor.lr=1e4", "actor.eps=1e4", "actor.grad_clip=0.0", *limit, *overrides), rank=0,
                         world_size=1, model_dir=model_dir, total_steps=10)
         w.setup(*dist_group)
         return w

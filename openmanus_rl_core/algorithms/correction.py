@@ -20,7 +20,14 @@ Because ``w_t >= 0`` it can be folded into the advantage: ``w * max(-A r, -A cli
 ``advantages * w`` and ``old_log_probs = log π_prox`` unchanged. A loss that is not linear in the advantage would
 need the weight itself.
 
-The actor's update applies it (``workers/actor.py``). When the update is on-policy within the step (one mini-batch,
+The actor's update applies it (``workers/actor.py``).
+
+With one update per step (one mini-batch, one epoch: the default), ``r_t`` is 1 and the clip never acts: the
+objective is a policy gradient weighted by ``w``, with no trust region around the policy that sampled. Measured on
+key_door behind the latency env (bench/async.py --learning, seed 0, lr 5e-4), that diverged at η=1 and η=2
+(validation success 0.77 -> 0.00 in 20 steps). ``behaviour`` takes the PPO ratio against the engine's log-probs
+instead, ``r_t = π_θ / π_behav``: tokens whose probability already moved past the clip since they were sampled get
+no gradient, which kept the same runs at lockstep's success. It is the group stream's default. When the update is on-policy within the step (one mini-batch,
 one epoch), ``π_prox`` is the current policy: its log-probs are the update's own forward pass, detached, so the
 correction costs no extra forward pass.
 """
@@ -34,10 +41,12 @@ import torch
 from openmanus_rl_core.algorithms.losses import masked_mean
 
 
-def correction_on(algo: Any, rcfg: Any) -> bool:
-    """Whether a run applies the correction: ``algorithm.rollout_correction`` tis, or auto in the group stream
-    (``algo``: the algorithm section, ``rcfg``: the rollout section)."""
-    return algo.rollout_correction == "tis" or (algo.rollout_correction == "auto" and rcfg.max_staleness is not None)
+def correction_mode(algo: Any, rcfg: Any) -> str:
+    """The correction a run applies (``algo``: the algorithm section, ``rcfg``: the rollout section): ``tis``,
+    ``behaviour`` or ``off``; ``auto`` is ``behaviour`` in the group stream, else ``off``."""
+    if algo.rollout_correction != "auto":
+        return algo.rollout_correction
+    return "behaviour" if rcfg.max_staleness is not None else "off"
 
 
 def truncated_is_weights(prox_logprob: torch.Tensor, behav_logprob: torch.Tensor, response_mask: torch.Tensor,

@@ -179,7 +179,7 @@ class ActorWorker(Worker):
         ``actor.grad_clip``; a non-finite loss or gradient norm (on any rank) skips the optimizer step.
         """
         from openmanus_rl_core.algorithms import agg_loss, kl_penalty
-        from openmanus_rl_core.algorithms.correction import correction_on, truncated_is_weights
+        from openmanus_rl_core.algorithms.correction import correction_mode, truncated_is_weights
         from openmanus_rl_core.registry import registry
 
         algo = self.cfg.algorithm
@@ -187,7 +187,7 @@ class ActorWorker(Worker):
         loss_cfg = dict(algo.loss_cfg)
         agg_mode = loss_cfg["agg_mode"]
         use_kl_loss = algo.use_kl_loss and self.ref is not None
-        correct = correction_on(algo, self.cfg.rollout)
+        correct = correction_mode(algo, self.cfg.rollout) == "tis"
 
         def part_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
             logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True,
