@@ -24,6 +24,7 @@ from typing import Sequence
 
 from openmanus_rl_core import registry
 from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.engines import EngineUnavailableError
 from openmanus_rl_core.envs import EnvUnavailableError
 from openmanus_rl_core.registry import KINDS, PluginError
 
@@ -288,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except EnvUnavailableError as exc:  # a server down, or every episode failed: the message says which
+    except (EnvUnavailableError, EngineUnavailableError) as exc:  # a server down, or every episode failed: the message says which
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
