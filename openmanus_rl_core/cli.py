@@ -8,6 +8,7 @@
     openmanus-rl data make [--cfg job] [key=value ...]
     openmanus-rl config-doc                                # docs/configuration.md, from the schema
     openmanus-rl data verify env=<name> data.val_files=<file>   # replay each row's demonstration through the env
+    openmanus-rl data from-rollouts env=<name> data.rollouts=<rollout folder>   # demonstrations from trajectories
 
 Listing plugins imports no component and no torch; the other commands import their module only when run.
 """
@@ -36,6 +37,7 @@ JOBS = {
     "export": "openmanus_rl_core.commands.export:export",
     "data make": "openmanus_rl_core.commands.data:make",
     "data verify": "openmanus_rl_core.commands.data:verify",
+    "data from-rollouts": "openmanus_rl_core.commands.data:from_rollouts",
 }
 FROM_RUN_COMMANDS = ("eval", "rollout", "export")
 
@@ -78,6 +80,12 @@ HELP = {
                         ("env", "data.val_files"),
                         ("openmanus-rl data verify env=key_door data.val_files=data/key_door/val.parquet",
                          "openmanus-rl data verify env=word_copy data.val_files=data/word_copy/train.parquet")),
+    "data from-rollouts": Help("Turn a rollout's trajectories into a task file of demonstrations (OpenManus-RL's "
+                               "conversations layout): the successful episodes, or those above a reward.",
+                               ("data.rollouts", "data.keep", "data.min_reward", "data.output", "env", "template"),
+                               ("openmanus-rl data from-rollouts env=key_door data.rollouts=outputs/rollout/",
+                                "openmanus-rl data from-rollouts env=key_door data.rollouts=r/trajectories.jsonl "
+                                "data.keep=reward data.min_reward=0.5 data.output=demos.parquet")),
 }
 
 
