@@ -242,3 +242,17 @@ def test_a_misspelled_engine_setting_is_one_line_naming_it(tmp_path, capsys):
                      f"rollout.output_dir={tmp_path}"]) == 2
     assert "rollout.engine_kwargs.base_ulr=http://x/v1: unknown key of the engine 'openai'; did you mean " \
            "rollout.engine_kwargs.base_url?" in capsys.readouterr().err
+
+
+def test_eval_scores_a_served_model_on_the_validation_tasks(model_dir, tmp_path, capsys):
+    from openmanus_rl_core.cli import main as cli_main
+    from openmanus_rl_core.models import load_tokenizer
+
+    out = tmp_path / "eval.json"
+    with FakeOpenAI(key_door_oracle(load_tokenizer(str(model_dir)))) as server:
+        assert cli_main(["eval", "env=key_door", f"model.path={model_dir}", "rollout.engine=openai",
+                         f"rollout.engine_kwargs.base_url={server.url}", "rollout.engine_kwargs.model=served",
+                         "trainer.val_max_tasks=4", f"trainer.eval_output={out}"]) == 0
+    result = json.loads(out.read_text())
+    assert (result["tasks"], result["success_rate"], result["num_turns"]) == (4, 1.0, 2.0)
+    assert all(body["temperature"] == 0.0 for body in server.requests)  # eval decodes greedily
