@@ -8,6 +8,7 @@
     openmanus-rl data make [--cfg job] [key=value ...]
     openmanus-rl config-doc                                # docs/configuration.md, from the schema
     openmanus-rl data verify env=<name> data.val_files=<file>   # replay each row's demonstration through the env
+    openmanus-rl data from-rollouts env=<name> data.rollouts=<rollout folder>   # demonstrations from trajectories
 
 Listing plugins imports no component and no torch; the other commands import their module only when run.
 """
@@ -24,6 +25,7 @@ from typing import Sequence
 
 from openmanus_rl_core import registry
 from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.engines import EngineUnavailableError
 from openmanus_rl_core.envs import EnvUnavailableError
 from openmanus_rl_core.registry import KINDS, PluginError
 
@@ -35,6 +37,7 @@ JOBS = {
     "export": "openmanus_rl_core.commands.export:export",
     "data make": "openmanus_rl_core.commands.data:make",
     "data verify": "openmanus_rl_core.commands.data:verify",
+    "data from-rollouts": "openmanus_rl_core.commands.data:from_rollouts",
 }
 FROM_RUN_COMMANDS = ("eval", "rollout", "export")
 
@@ -77,6 +80,12 @@ HELP = {
                         ("env", "data.val_files"),
                         ("openmanus-rl data verify env=key_door data.val_files=data/key_door/val.parquet",
                          "openmanus-rl data verify env=word_copy data.val_files=data/word_copy/train.parquet")),
+    "data from-rollouts": Help("Turn a rollout's trajectories into a task file of demonstrations (OpenManus-RL's "
+                               "conversations layout): the successful episodes, or those above a reward.",
+                               ("data.rollouts", "data.keep", "data.min_reward", "data.output", "env", "template"),
+                               ("openmanus-rl data from-rollouts env=key_door data.rollouts=outputs/rollout/",
+                                "openmanus-rl data from-rollouts env=key_door data.rollouts=r/trajectories.jsonl "
+                                "data.keep=reward data.min_reward=0.5 data.output=demos.parquet")),
 }
 
 
@@ -288,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except EnvUnavailableError as exc:  # a server down, or every episode failed: the message says which
+    except (EnvUnavailableError, EngineUnavailableError) as exc:  # a server down, or every episode failed: the message says which
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:

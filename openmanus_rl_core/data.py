@@ -182,9 +182,13 @@ def read_openmanus(path: Path, table: pa.Table) -> list[dict]:
     (``reset_from_observation``) plays that very task whatever its index means on this machine; ``demonstration``
     is the conversation as :func:`conversation_demonstration` reads it; ``ground_truth`` is
     ``reward_model.ground_truth``; ``extra`` is ``extra_info`` (without its copy of the conversation); ``prompt``,
-    ``ability`` and ``item_id`` pass through.
+    ``ability`` and ``item_id`` pass through. Columns ``task_id``, ``seed`` and ``demonstration`` (``{observation,
+    steps}``), when the file has them besides the layout, are used as they are.
     """
-    rows = table.select(list(OPENMANUS_COLUMNS)).to_pylist()
+    # Our own columns, when a file carries them next to the layout (``data from-rollouts`` writes them), win over
+    # what the layout implies: the exact task (task_id, seed) and the demonstration's actions as the env takes them.
+    ours = [c for c in ("task_id", "seed", "demonstration") if c in table.column_names]
+    rows = table.select(list(OPENMANUS_COLUMNS) + ours).to_pylist()
     tasks = []
     for i, row in enumerate(rows):
         item = str(row["item_id"] or "")
@@ -196,11 +200,12 @@ def read_openmanus(path: Path, table: pa.Table) -> list[dict]:
         if not isinstance(turns, list) or not all(isinstance(t, Mapping) for t in turns):
             raise DataError(f"{path}: column 'conversations' row {i}: expected a list of {{from, loss, value}}, "
                             f"got {type(turns).__name__}")
-        demo = conversation_demonstration(turns)
+        demo = row["demonstration"] if row.get("demonstration") else conversation_demonstration(turns)
         extra = {k: v for k, v in (row["extra_info"] or {}).items() if k != "conversations"}
         task: dict[str, Any] = {c: None for c in COLUMNS}
         task.update(
-            task_id=int(index), seed=0, data_source=row["data_source"], prompt=row["prompt"],
+            task_id=int(index) if row.get("task_id") is None else int(row["task_id"]),
+            seed=0 if row.get("seed") is None else int(row["seed"]), data_source=row["data_source"], prompt=row["prompt"],
             ground_truth=(row["reward_model"] or {}).get("ground_truth"), extra=extra, split=extra.get("split"),
             item_id=item, ability=row["ability"], demonstration=demo,
             observation=demo["observation"] if demo else None,

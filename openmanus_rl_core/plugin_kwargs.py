@@ -1,7 +1,7 @@
 """Plugin-owned settings checked with the schema, before any run folder, Ray or model exists.
 
 A plugin's kwargs (``env.kwargs``, ``template.kwargs``, ``allocator.kwargs``, ``memory.kwargs``,
-``reward.components.<label>.kwargs``) are checked against what the plugin takes:
+``rollout.engine_kwargs``, ``reward.components.<label>.kwargs``) are checked against what the plugin takes:
 
 - its declared kwargs, when the component has a ``Kwargs`` dataclass attribute (names, and types from the field
   annotations);
@@ -48,6 +48,7 @@ def _plugin_nodes(c: Any) -> Iterator[tuple[str, str, str, Any]]:
     for kind in ("env", "template", "allocator", "memory"):
         node = getattr(c, kind)
         yield f"{kind}.kwargs", kind, node.name, node.kwargs
+    yield "rollout.engine_kwargs", "engine", c.rollout.engine, c.rollout.engine_kwargs
     for label, spec in (c.reward.components or {}).items():
         at = f"reward.components.{label}"
         spec = spec or {}

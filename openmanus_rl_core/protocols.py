@@ -293,6 +293,9 @@ class RolloutEngine(Protocol):
     # colocated actor trains, ``wake_up()`` takes it back; ``generate`` and ``update_weights`` wake the engine by
     # themselves. The actor worker calls ``sleep()`` after every rollout when the engine has it
     # (``rollout.sleep_after_rollout``).
+    # Optional class attributes: ``trainable = False`` makes ``train`` refuse the engine (one line, exit 2);
+    # ``needs_model = False`` makes ``rollout`` and ``eval`` build it with the run's ``tokenizer`` only (no ``model``,
+    # no weights loaded): an engine whose model is served elsewhere (``openai``).
 
 
 # ------------------------------------------------------------------------------------------ memory

@@ -317,6 +317,15 @@ class DataConfig:
     train_batch_size: int = opt(16, "tasks per training step (each one rollout.n times)", ge=1)
     shuffle: bool = opt(True, "reshuffle the training tasks every epoch (a fixed function of data.seed)")
     seed: int = opt("${seed}", "seed of the generated tasks and of the sampler's shuffle")
+    rollouts: Optional[str] = opt(None, "`data from-rollouts`: the rollout's trajectories.jsonl (or its folder)",
+                                  commands=("data",))
+    keep: str = opt("success", "`data from-rollouts`: which episodes become demonstrations: success (the env said "
+                               "so) or reward (reward >= data.min_reward)", choices=("success", "reward"),
+                    commands=("data",))
+    min_reward: float = opt(1.0, "`data from-rollouts` with data.keep=reward: the lowest reward kept",
+                            commands=("data",))
+    output: Optional[str] = opt(None, "`data from-rollouts`: the parquet file to write (null: "
+                                      "demonstrations.parquet next to the trajectories)", commands=("data",))
 
 
 @dataclass

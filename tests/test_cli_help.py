@@ -48,4 +48,4 @@ def test_help_prints_the_commands_own_usage_purpose_keys_and_examples(cli_env, a
 
 def test_data_alone_lists_its_actions(cli_env):
     out = subprocess.run(["openmanus-rl", "data", "--help"], env=cli_env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "{make,verify}" in out.stdout
+    assert out.returncode == 0 and "{make,verify,from-rollouts}" in out.stdout

@@ -1,8 +1,10 @@
-"""``openmanus-rl data make`` (task files for an env) and ``openmanus-rl data verify`` (replay a data set's
-demonstrations through the env)."""
+"""``openmanus-rl data make`` (task files for an env), ``openmanus-rl data verify`` (replay a data set's
+demonstrations through the env) and ``openmanus-rl data from-rollouts`` (a rollout's good episodes as demonstrations)."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -78,3 +80,104 @@ def _replay(factory: Any, kwargs: Mapping[str, Any], task: Mapping[str, Any], st
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     finally:
         env.close()
+
+
+# ------------------------------------------------------------------------------------- data from-rollouts
+ACK = "OK. I'll follow your instructions and try my best."  # AgentGym's reply to the instruction turn
+
+
+def episode_row(record: Mapping[str, Any], env: str, instruction: str, index: int) -> dict:
+    """One rollout episode (a line of ``trajectories.jsonl``) as a row of OpenManus-RL's layout plus our columns.
+
+    ``conversations``: AgentGym's shape: the instruction (a human turn) and its acknowledgement, the first
+    observation, then each reply (``loss`` true) and the observation after it. ``demonstration``: ``{observation,
+    steps: [[action, observation], ...]}`` with the actions as the template parsed them (what the env took), so
+    ``data verify`` replays them and the warm-up renders them with the run's template. ``task_id`` and ``seed``
+    start the very task again.
+    """
+    turns = record.get("turns") or []
+    conv = [{"from": "human", "loss": None, "value": instruction},
+            {"from": "gpt", "loss": False, "value": ACK},
+            {"from": "human", "loss": None, "value": str(record.get("initial_observation") or "")}]
+    for t in turns:
+        conv.append({"from": "gpt", "loss": True, "value": str(t.get("response") or "")})
+        if t.get("observation"):
+            conv.append({"from": "human", "loss": None, "value": str(t["observation"])})
+    task = record.get("task") or {}
+    task_id = record.get("task_id")
+    return {
+        "data_source": env, "item_id": f"{env}_{task_id if task_id is not None else index}",
+        "conversations": conv, "prompt": [{"content": conv[2]["value"], "role": "user"}], "ability": env,
+        "reward_model": {"ground_truth": None if task.get("ground_truth") is None else str(task["ground_truth"]),
+                         "style": "rule"},
+        "extra_info": {"conversations": json.dumps(conv, ensure_ascii=False), "index": index, "split": "train"},
+        "task_id": task_id, "seed": record.get("seed"),
+        "demonstration": {"observation": conv[2]["value"],
+                          "steps": [[str((t.get("action") or {}).get("content") or ""), str(t.get("observation") or "")]
+                                    for t in turns]},
+        "reward": float(record.get("reward") or 0.0),
+    }
+
+
+def from_rollouts(cfg: Any) -> int:
+    """``openmanus-rl data from-rollouts env=<name> data.rollouts=<rollout folder or trajectories.jsonl>``.
+
+    Keeps the episodes that succeeded (``data.keep=success``) or whose reward is at least ``data.min_reward``
+    (``data.keep=reward``), drops exact repeats (same task, same actions), and writes them as one parquet file
+    (``data.output``): OpenManus-RL's columns plus ``task_id``, ``seed``, ``demonstration`` and ``reward``
+    (:func:`episode_row`). ``env`` and ``template`` should be the rollout's: the instruction turn is the template's
+    system prompt for the env. Exit 1 when no episode is kept.
+    """
+    import pyarrow as pa
+
+    from openmanus_rl_core.data import OPENMANUS_SCHEMA
+    from openmanus_rl_core.registry import build
+
+    if not cfg.data.rollouts:
+        raise DataError("data from-rollouts needs data.rollouts=<the rollout's folder or its trajectories.jsonl>")
+    src = Path(cfg.data.rollouts).expanduser()
+    src = src / "trajectories.jsonl" if src.is_dir() else src
+    if not src.is_file():
+        raise DataError(f"data.rollouts={cfg.data.rollouts}: no such file ({src}); give the folder "
+                        f"`openmanus-rl rollout` wrote, or its trajectories.jsonl")
+    records = []
+    with open(src, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{src}: line {n} is not JSON ({exc.msg}); is it a rollout's trajectories.jsonl?")
+    env = build("env", cfg.env)
+    try:
+        instruction = build("template", cfg.template).system_prompt(str(getattr(env, "instruction", "") or ""))
+    finally:
+        env.close()
+    if cfg.data.keep == "success":
+        kept = [r for r in records if r.get("success")]
+        rule = "success"
+    else:
+        kept = [r for r in records if float(r.get("reward") or 0.0) >= cfg.data.min_reward]
+        rule = f"reward >= {cfg.data.min_reward:g}"
+    rows, seen = [], set()
+    for r in kept:
+        row = episode_row(r, cfg.env.name, instruction, len(rows))
+        key = (row["task_id"], row["seed"], json.dumps(row["demonstration"]["steps"]))
+        if key not in seen:
+            seen.add(key)
+            rows.append(row)
+    print(f"{src}: {len(records)} episodes, {len(kept)} with {rule}, {len(rows)} after dropping repeats")
+    if not rows:
+        print("error: no episode is kept; nothing written", file=sys.stderr)
+        return 1
+    schema = pa.schema(list(OPENMANUS_SCHEMA) + [
+        pa.field("task_id", pa.int64()), pa.field("seed", pa.int64()),
+        pa.field("demonstration", pa.struct([("observation", pa.string()),
+                                             ("steps", pa.list_(pa.list_(pa.string())))])),
+        pa.field("reward", pa.float64())])
+    out = Path(cfg.data.output).expanduser() if cfg.data.output else src.parent / "demonstrations.parquet"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), out)
+    print(f"wrote {out} ({len(rows)} demonstrations; replay them with `openmanus-rl data verify env={cfg.env.name} "
+          f"data.val_files={out}`, warm up on them with data.train_files={out})")
+    return 0

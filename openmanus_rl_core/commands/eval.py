@@ -41,15 +41,18 @@ def score(cfg: Any, overrides: Sequence[str] = ()) -> dict:
     quiet_transformers()
     c, ckpt = adopt_run_config(check(cfg, training=False), overrides, run_validation=True)
     seed_all(c.seed)
-    policy = load_policy(c, ckpt)
+    # An engine with needs_model=False (a served model) gets the run's tokenizer only, never weights.
+    needs_model = getattr(registry("engine").get(c.rollout.engine), "needs_model", True)
+    policy = load_policy(c, ckpt, tokenizer_only=not needs_model)
     if policy is None:
         raise ConfigError("eval needs trainer.checkpoint=<checkpoint folder or run directory> or "
-                          "model.path=<Hugging Face folder>")
+                          "model.path=<Hugging Face folder>" + ("" if needs_model else " (for the tokenizer)"))
     model, tokenizer, weights = policy
     device = "cuda" if torch.cuda.is_available() and c.trainer.device != "cpu" else "cpu"
-    engine = build("engine", {"name": c.rollout.engine, "kwargs": c.rollout.engine_kwargs}, model=model,
-                   tokenizer=tokenizer, device=device, seed=c.seed)
-    if weights is not None:
+    runtime = {"model": model, "tokenizer": tokenizer} if needs_model else {"tokenizer": tokenizer}
+    engine = build("engine", {"name": c.rollout.engine, "kwargs": c.rollout.engine_kwargs}, device=device,
+                   seed=c.seed, **runtime)
+    if weights is not None and needs_model:
         engine.update_weights(weights)
     with tempfile.TemporaryDirectory(prefix="omrl-eval-") as scratch:  # generated tasks never touch the run's files
         val_files = c.data.val_files or ensure_task_files(c, scratch)[1]

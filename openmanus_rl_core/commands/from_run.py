@@ -106,10 +106,10 @@ def _model_dir(path: Path, saved: str | None) -> str:
     return str(candidate)
 
 
-def load_policy(c: Config, ckpt: RunCheckpoint | None):
+def load_policy(c: Config, ckpt: RunCheckpoint | None, tokenizer_only: bool = False):
     """``(model, tokenizer, weights)``: the run's model folder and the checkpoint's weights for the engine (LoRA
     adapters merged; push them with ``engine.update_weights``), or ``model.path`` and ``None``. ``None`` when
-    neither is given."""
+    neither is given. ``tokenizer_only`` (an engine that serves its model elsewhere): ``(None, tokenizer, None)``."""
     from transformers import AutoModelForCausalLM
 
     from openmanus_rl_core.models import _dtype, load_tokenizer, lora_scaling, merge_lora_state, transposed_modules
@@ -122,6 +122,8 @@ def load_policy(c: Config, ckpt: RunCheckpoint | None):
     else:
         return None
     tokenizer = load_tokenizer(model_dir, c.model.chat_template)
+    if tokenizer_only:
+        return None, tokenizer, None
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=_dtype(c.model.dtype))
     if weights is not None and c.model.lora.enabled:
         weights = merge_lora_state(weights, lora_scaling(c.model.lora), transposed_modules(model))

@@ -280,7 +280,7 @@ def _run(cfg: Any, ckpt: Any, out_dir: Path) -> int:
 
     from openmanus_rl_core.commands.from_run import load_policy
     from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.registry import build
+    from openmanus_rl_core.registry import build, registry
     from openmanus_rl_core.rewards import RewardComposer
     from openmanus_rl_core.rollout import AgentLoop, build_batch, expand_tasks, rollout_metrics, tokenizer_corpus
 
@@ -294,17 +294,21 @@ def _run(cfg: Any, ckpt: Any, out_dir: Path) -> int:
     tasks = load_task_rows(cfg)
     if not tasks:
         raise ValueError("no tasks to run: set rollout.num_tasks > 0 or point rollout.tasks_file at a task file")
-    policy = load_policy(cfg, ckpt)
+    # An engine with needs_model=False (a served model) gets the run's tokenizer only, never weights.
+    needs_model = getattr(registry("engine").get(rcfg.engine), "needs_model", True)
+    policy = load_policy(cfg, ckpt, tokenizer_only=not needs_model)
     if policy is None:
         # The embedded tiny model, untrained: its tokenizer learns from what the agent will read and write.
         corpus = tokenizer_corpus(env_factory, template, tasks[: min(len(tasks), 64)], max_turns=rcfg.max_turns)
         (model, tokenizer), weights = load_model_and_tokenizer(cfg.model, corpus=corpus), None
-        print("policy: the embedded tiny model, untrained (give trainer.checkpoint=<run> or model.path=<folder>)")
+        print("policy: the embedded tiny model, untrained (give trainer.checkpoint=<run> or model.path=<folder>)"
+              if needs_model else f"tokenizer: the embedded tiny model's; replies from rollout.engine={rcfg.engine}")
     else:
         model, tokenizer, weights = policy
     engine_kwargs = {"device": rcfg.device, "seed": cfg.seed, **rcfg.engine_kwargs}
-    engine = build("engine", {"name": rcfg.engine, "kwargs": engine_kwargs}, model=model, tokenizer=tokenizer)
-    if weights is not None:
+    runtime = {"model": model, "tokenizer": tokenizer} if needs_model else {"tokenizer": tokenizer}
+    engine = build("engine", {"name": rcfg.engine, "kwargs": engine_kwargs}, **runtime)
+    if weights is not None and needs_model:
         engine.update_weights(weights)
     loop = AgentLoop(engine, tokenizer, template, env_factory, rcfg, memory=build("memory", cfg.memory))
 

@@ -37,6 +37,13 @@ def run(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None,
         rewards: Sequence[Any] = ()) -> tuple[int, dict, Trainer]:
     """``(exit status, final metrics, trainer)`` of a training run; ``rewards``: extra reward components
     (:class:`~openmanus_rl_core.rewards.ComponentSpec`) next to the configured ones."""
+    from openmanus_rl_core.config import ConfigError
+    from openmanus_rl_core.registry import registry
+
+    if getattr(registry("engine").get(cfg.rollout.engine), "trainable", True) is False:
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine}: this engine cannot be trained (its model is served "
+                          f"elsewhere: no weights to update, no log-probs); use it with `openmanus-rl rollout` or "
+                          f"`eval`, and train with rollout.engine=hf or vllm")
     quiet_ray_auth_notice()
     trainer = Trainer(cfg)
     try:

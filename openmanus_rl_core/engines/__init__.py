@@ -1,4 +1,5 @@
-"""Rollout engines (``openmanus_rl.engines``): Hugging Face transformers (``hf``) and vLLM (``vllm``)."""
+"""Rollout engines (``openmanus_rl.engines``): Hugging Face transformers (``hf``), vLLM (``vllm``) and a model served
+behind an OpenAI-compatible API (``openai``)."""
 
 from __future__ import annotations
 
@@ -9,3 +10,8 @@ def check_prompts(prompts: Sequence[Sequence[int]], engine: str) -> None:
     """Every prompt must hold at least one token id: an empty one has no position to generate from."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError(f"{engine}.generate got an empty prompt; every prompt needs at least one token")
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine's model cannot be reached or did not answer usefully (a served model's server is down): the
+    message names the URL and the reason; the command ends with it (exit 1)."""
