@@ -26,8 +26,8 @@ The machine's load average is printed before and after each row; take numbers on
     python bench/async.py --learning [--seeds 0,1,2] [--steps 20] [--rows a,b,d]
 
 Learning is not hurt: each row trains ``--steps`` RL steps from the same warmed-up model for each seed, then
-validates greedily on the 60 validation tasks; the table gives the final success per seed, its mean, and the
-run's training time (the sum of its step times).
+validates greedily on the 60 validation tasks; the first table gives the final success per seed and its mean, the
+second the throughput columns above, median over the seeds.
 """
 
 from __future__ import annotations
@@ -70,11 +70,8 @@ def warmed_model(tmp: Path) -> Path:
     return tmp / "warm"
 
 
-def run_row(overrides: list[str], steps: int, out_dir: Path) -> dict:
-    load_before = os.getloadavg()[0]
-    cli("train", *COMMON, f"trainer.total_steps={steps}", f"trainer.output_dir={out_dir}", *overrides)
-    metrics = next(out_dir.rglob("metrics.jsonl"))
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+def summarize(rows: list[dict]) -> dict:
+    """Throughput over steps 2..N of one run's metrics rows (step 1 fills the stream and pays one-time costs)."""
     steps_rows = [r for r in rows if r.get("step", 0) >= 2 and "timing/step" in r]
     step_s = [r["timing/step"] for r in steps_rows]
     episodes = [r.get("stream/groups", 16) * 8 for r in steps_rows]
@@ -83,34 +80,49 @@ def run_row(overrides: list[str], steps: int, out_dir: Path) -> dict:
         "step_s": statistics.median(step_s),
         "wait_share": statistics.median(r["timing/rollout"] / r["timing/step"] for r in steps_rows),
         "staleness": statistics.mean(r.get("stream/staleness_mean", 0.0) for r in steps_rows),
-        "load": (load_before, os.getloadavg()[0]),
     }
 
 
+def throughput_table(results: dict[str, list[dict]], first: str) -> None:
+    base = statistics.median(r["samples_per_s"] for r in results[first])
+    print("\n| row | samples/s | vs first row | s/step | rollout-wait share | staleness | load avg |")
+    print("|---|---|---|---|---|---|---|")
+    for key, runs in results.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in ("samples_per_s", "step_s", "wait_share",
+                                                                   "staleness")}
+        loads = f"{min(r['load'][0] for r in runs):.1f}-{max(r['load'][1] for r in runs):.1f}"
+        print(f"| {ROWS[key][0]} | {med['samples_per_s']:.1f} | {med['samples_per_s'] / base:.2f}x | "
+              f"{med['step_s']:.2f} | {med['wait_share']:.2f} | {med['staleness']:.2f} | {loads} |")
+
+
+def run_row(overrides: list[str], steps: int, out_dir: Path) -> dict:
+    load_before = os.getloadavg()[0]
+    cli("train", *COMMON, f"trainer.total_steps={steps}", f"trainer.output_dir={out_dir}", *overrides)
+    rows = [json.loads(x) for x in next(out_dir.rglob("metrics.jsonl")).read_text().splitlines() if x.strip()]
+    return {**summarize(rows), "rows": rows, "load": (load_before, os.getloadavg()[0])}
+
+
 def learning(rows: list[str], seeds: list[int], steps: int, model: str | None, extra: list[str]) -> None:
-    results: dict[str, list[tuple[float, float]]] = {}
+    results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         model = model or warmed_model(Path(tmp))
         for seed in seeds:
             for key in rows:
-                out = Path(tmp) / f"{key}-{seed}"
-                cli("train", *COMMON, f"model.path={model}", f"seed={seed}", f"trainer.total_steps={steps}",
-                    "trainer.val_at_end=true", f"trainer.output_dir={out}", *ROWS[key][1], *extra)
-                recs = [json.loads(x) for x in next(out.rglob("metrics.jsonl")).read_text().splitlines()]
-                final = [r for r in recs if "val/success_rate" in r][-1]["val/success_rate"]
-                train_s = sum(r.get("timing/step", 0.0) for r in recs)
-                results.setdefault(key, []).append((final, train_s))
-                print(f"{ROWS[key][0]} seed {seed}: final val success {final:.3f}, {train_s:.0f} s of steps, "
-                      f"load {os.getloadavg()[0]:.1f}", flush=True)
-    base = results[rows[0]]
-    print(f"\n| row | final val success per seed | mean | vs first row | train s (mean) | speed-up |")
-    print("|---|---|---|---|---|---|")
+                r = run_row([f"model.path={model}", f"seed={seed}", "trainer.val_at_end=true", *ROWS[key][1],
+                             *extra], steps, Path(tmp) / f"{key}-{seed}")
+                r["final"] = [x for x in r.pop("rows") if "val/success_rate" in x][-1]["val/success_rate"]
+                results.setdefault(key, []).append(r)
+                print(f"{ROWS[key][0]} seed {seed}: final val success {r['final']:.3f}, "
+                      f"{r['samples_per_s']:.1f} samples/s, load {r['load'][0]:.1f} -> {r['load'][1]:.1f}",
+                      flush=True)
+    base = statistics.mean(r["final"] for r in results[rows[0]])
+    print("\n| row | final val success per seed | mean | vs first row |")
+    print("|---|---|---|---|")
     for key, runs in results.items():
-        mean = statistics.mean(f for f, _ in runs)
-        secs = statistics.mean(t for _, t in runs)
-        print(f"| {ROWS[key][0]} | {', '.join(f'{f:.3f}' for f, _ in runs)} | {mean:.3f} | "
-              f"{mean - statistics.mean(f for f, _ in base):+.3f} | {secs:.0f} | "
-              f"{statistics.mean(t for _, t in base) / secs:.2f}x |")
+        mean = statistics.mean(r["final"] for r in runs)
+        finals = ", ".join(f"{r['final']:.3f}" for r in runs)
+        print(f"| {ROWS[key][0]} | {finals} | {mean:.3f} | {mean - base:+.3f} |")
+    throughput_table(results, rows[0])
 
 
 def main() -> None:
@@ -134,18 +146,11 @@ def main() -> None:
             for key in args.rows.split(","):
                 name, overrides = ROWS[key]
                 r = run_row([*overrides, *extra], args.steps, Path(tmp) / f"{key}{rep}")
+                r.pop("rows")
                 results.setdefault(key, []).append(r)
                 print(f"{name} run {rep + 1}: {r['samples_per_s']:.1f} samples/s, {r['step_s']:.2f} s/step, "
                       f"load {r['load'][0]:.1f} -> {r['load'][1]:.1f}", flush=True)
-    base = statistics.median(r["samples_per_s"] for r in results[args.rows.split(",")[0]])
-    print(f"\n| row | samples/s | vs first row | s/step | rollout-wait share | staleness | load avg |")
-    print("|---|---|---|---|---|---|---|")
-    for key, runs in results.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in ("samples_per_s", "step_s", "wait_share",
-                                                                   "staleness")}
-        loads = f"{min(r['load'][0] for r in runs):.1f}-{max(r['load'][1] for r in runs):.1f}"
-        print(f"| {ROWS[key][0]} | {med['samples_per_s']:.1f} | {med['samples_per_s'] / base:.2f}x | "
-              f"{med['step_s']:.2f} | {med['wait_share']:.2f} | {med['staleness']:.2f} | {loads} |")
+    throughput_table(results, args.rows.split(",")[0])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
