@@ -69,3 +69,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def dist_group():
+    """One process group of one rank for every worker of this module (gloo, a free local port)."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    yield ("127.0.0.1", port)
+    if dist.is_initialized():
+        dist.destroy_process_group()

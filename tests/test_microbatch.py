@@ -81,17 +81,8 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def group():
-    import socket
-
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    yield ("127.0.0.1", port)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def group(dist_group):
+    return dist_group
 
 
 def _worker(model_dir, group, *overrides) -> ActorWorker:

@@ -38,21 +38,6 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def dist_group():
-    """One process group of one rank for every worker of this module (gloo, a free local port)."""
-    import socket
-
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    yield ("127.0.0.1", port)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
 def actor(model_dir, dist_group):
     w = ActorWorker(_cfg(), rank=0, world_size=1, model_dir=model_dir, total_steps=10)
     info = w.setup(*dist_group)

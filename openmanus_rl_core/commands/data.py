@@ -153,12 +153,13 @@ def from_rollouts(cfg: Any) -> int:
         instruction = build("template", cfg.template).system_prompt(str(getattr(env, "instruction", "") or ""))
     finally:
         env.close()
-    if cfg.data.keep == "success":
-        kept = [r for r in records if r.get("success")]
-        rule = "success"
-    else:
-        kept = [r for r in records if float(r.get("reward") or 0.0) >= cfg.data.min_reward]
-        rule = f"reward >= {cfg.data.min_reward:g}"
+    keep_rules = {  # data.keep -> (which episodes are kept, in words)
+        "success": (lambda r: bool(r.get("success")), "success"),
+        "reward": (lambda r: float(r.get("reward") or 0.0) >= cfg.data.min_reward,
+                   f"reward >= {cfg.data.min_reward:g}"),
+    }
+    keeps, rule = keep_rules[cfg.data.keep]
+    kept = [r for r in records if keeps(r)]
     rows, seen = [], set()
     for r in kept:
         row = episode_row(r, cfg.env.name, instruction, len(rows))
