@@ -163,6 +163,22 @@ def test_a_row_put_back_in_the_wrong_order_fails_the_log_prob_equality(model_dir
     assert _logprob_gap(model_dir, group, batch) > 0.1
 
 
+@pytest.mark.parametrize("extra", [(), ("actor.pack_rows=true",)], ids=["bucketed", "packed"])
+def test_a_micro_batch_of_rows_with_no_tokens_gives_zero_log_probs_and_moves_nothing(model_dir, group, batch, extra):
+    """What a failed reset leaves: rows with no prompt and no response, all padding. A micro-batch of only such
+    rows (one rank's shard after a server died) must run, read 0 and add no gradient."""
+    w = _worker(model_dir, group, "actor.sharding=replicate", *BUDGET, *extra)
+    empty = batch[[0, 1, 2, 3]]
+    for k in ("attention_mask", "response_mask", "advantages", "old_log_probs"):
+        empty[k] = torch.zeros_like(empty[k])
+    assert trim_columns(empty)[0]["input_ids"].shape[1] == 2  # one prompt column kept, one response column
+    logp = w.compute_log_probs(empty, with_ref=False)["old_log_probs"]
+    assert logp.shape == empty["responses"].shape and float(logp.abs().max()) == 0.0
+    before = flat_params(w)
+    w.update(empty, step=1)
+    assert float((flat_params(w) - before).abs().max()) == 0.0
+
+
 # ---------------------------------------------------------------------------------------------- sharding
 def test_auto_sharding_replicates_a_model_that_fits_and_shards_one_that_does_not():
     from openmanus_rl_core.distributed.fsdp import choose_sharding

@@ -28,6 +28,7 @@ def sequence_logprobs(
     from openmanus_rl_core.workers.microbatch import pad_columns, trim_columns
 
     small, R = trim_columns(batch)
+    pack = pack and bool(small["attention_mask"].any())  # rows of padding only: nothing to pack
     logp, entropy = (_packed_logprobs if pack else _logprobs)(model, small, temperature, with_entropy)
     real = batch["attention_mask"][:, -R:].to(logp.dtype) if R else None  # 0 on padding, however rows are grouped
     logp = pad_columns(logp, R) * real if R else logp

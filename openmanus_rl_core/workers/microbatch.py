@@ -102,7 +102,9 @@ def trim_columns(batch: Batch) -> tuple[Batch, int]:
     prompt, resp = row_extents(batch)
     R = batch["responses"].shape[1]
     P = batch["attention_mask"].shape[1] - R
-    lo = P - int(prompt.max()) if len(prompt) else 0
+    # At least one prompt column stays: the first response token's logit comes from the position before it, so
+    # rows with no prompt at all (an episode whose env failed at reset) still give ``R' + 1`` positions.
+    lo = P - max(1, int(prompt.max())) if len(prompt) and P else 0
     keep = max(1, int(resp.max())) if len(resp) else R
     keep = min(keep, R)
     out = {}
