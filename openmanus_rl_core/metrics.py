@@ -46,6 +46,18 @@ def mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else float("nan")
 
 
+def success_interval(successes: Sequence[bool], z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a success rate (95% at the default ``z``): valid at 0 and at n successes,
+    where the normal approximation collapses to a point. ``(nan, nan)`` for no episodes."""
+    n = len(successes)
+    if not n:
+        return float("nan"), float("nan")
+    p = sum(bool(s) for s in successes) / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def _to_float(value: Any, key: str) -> float | None:
     """A metric value as a float, or None for NaN/inf. Tensors and numpy scalars must hold one number."""
     if hasattr(value, "item") and callable(value.item):  # torch tensor, numpy scalar/array of one element

@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from openmanus_rl_core.metrics import mean
+from openmanus_rl_core.metrics import mean, success_interval
 from openmanus_rl_core.protocols import TERMINATIONS
 
 
 def validate(trainer: Any, step: int, prefix: str = "val") -> dict[str, float]:
     """Greedy (or low-temperature) episodes on every validation task: ``<prefix>/reward_mean``,
-    ``<prefix>/success_rate`` and the reward breakdown. The sampling RNG is left untouched."""
+    ``<prefix>/success_rate`` with its 95% interval (``success_ci_low``/``_high``) and the reward breakdown. The sampling RNG is left untouched."""
     from openmanus_rl_core.rollout import expand_tasks, rollout_metrics
 
     t0 = time.perf_counter()
@@ -25,6 +25,8 @@ def validate(trainer: Any, step: int, prefix: str = "val") -> dict[str, float]:
     out = {
         f"{prefix}/reward_mean": mean([b.total for b in breakdowns]),
         f"{prefix}/success_rate": mean([bool(t.success) for t in trajs]),
+        **dict(zip((f"{prefix}/success_ci_low", f"{prefix}/success_ci_high"),
+                   success_interval([t.success for t in trajs]))),
         f"{prefix}/num_turns": mean([t.num_turns for t in trajs]),
         f"{prefix}/response_length": mean([sum(e.response_mask) for e in episodes]),
     }

@@ -71,7 +71,7 @@ print("RESULT " + json.dumps(out))
 '''
 
 
-@pytest.mark.slow
+@pytest.mark.long  # in-process training is make test's through the Python API (test_api.py)
 def test_cli_main_train_twice_in_one_process_runs_both_alike(tmp_path, cli_env):
     """A library user calling ``cli.main(["train", ...])`` twice in one process gets two complete runs, the second
     as the first (same seed, same numbers), and no Ray left running after either."""

@@ -182,3 +182,14 @@ def test_the_plot_gives_the_warm_up_its_own_segment_and_integer_steps(tmp_path):
         logger.log(2, {"val/reward_mean": 0.3})
     assert [(label, xs, ys) for label, xs, ys, _, _ in reward_series(read_metrics(run))] == [
         ("val reward", [0, 2], [0.1, 0.3])]
+
+
+def test_the_success_interval_is_wilsons_and_stays_inside_0_1():
+    from openmanus_rl_core.metrics import success_interval
+
+    assert success_interval([True] * 8 + [False] * 2) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    assert success_interval([True] * 31 + [False] * 9) == pytest.approx((0.6250, 0.8768), abs=1e-4)  # 0.775 on 40 tasks
+    low, high = success_interval([False] * 40)  # no successes: a real upper bound, not a point at 0
+    assert low == 0.0 and high == pytest.approx(0.0876, abs=1e-4)
+    assert success_interval([True] * 120)[0] == pytest.approx(0.9690, abs=1e-4)
+    assert all(x != x for x in success_interval([]))

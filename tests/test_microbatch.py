@@ -194,15 +194,13 @@ def test_auto_sharding_replicates_a_model_that_fits_and_shards_one_that_does_not
 
 def test_the_sharding_choices_give_the_same_update_on_two_ranks(model_dir, tmp_path):
     """Two gloo ranks, the token-budget micro-batches (several per step, so gradients accumulate), one update."""
-    results = {}
-    for name in ("full", "grad_op", "replicate"):
-        out = tmp_path / f"{name}.pt"
-        proc = subprocess.run([sys.executable, str(HERE / "uneven_update.py"), model_dir, str(out), "2",
-                               f"actor.sharding={name}", "actor.max_tokens_per_micro_batch=300"],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[name] = torch.load(out)
-        assert results[name]["sharding"].startswith(name)
+    proc = subprocess.run([sys.executable, str(HERE / "uneven_update.py"), model_dir, str(tmp_path), "2",
+                           "full,grad_op,replicate", "actor.max_tokens_per_micro_batch=300"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {name: torch.load(tmp_path / f"{name}.pt") for name in ("full", "grad_op", "replicate")}
+    for name, result in results.items():
+        assert result["sharding"].startswith(name)
     full = results["full"]
     assert float(full["delta"].abs().max()) > 1e-3
     for name in ("grad_op", "replicate"):

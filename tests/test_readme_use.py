@@ -38,9 +38,12 @@ def test_the_readme_walk_from_training_to_an_exported_folder(tmp_path, cli_env):
     assert final["step"] == 4
     # eval took the run's env from the checkpoint and reproduces the run's final validation (greedy, same weights)
     assert "from the run: env=word_copy, template=react" in out["eval"]
-    found = re.search(r"success rate ([0-9.]+), mean reward ([-0-9.]+)", out["eval"])
+    found = re.search(r"success rate ([0-9.]+) \(95% interval ([0-9.]+)-([0-9.]+)\), mean reward ([-0-9.]+)", out["eval"])
     assert float(found.group(1)) == pytest.approx(final["val/success_rate"], abs=1e-3)
-    assert float(found.group(2)) == pytest.approx(final["val/reward_mean"], abs=1e-3)
+    assert float(found.group(4)) == pytest.approx(final["val/reward_mean"], abs=1e-3)
+    assert (float(found.group(2)), float(found.group(3))) == pytest.approx(
+        (final["val/success_ci_low"], final["val/success_ci_high"]), abs=1e-3)
+    assert float(found.group(2)) < float(found.group(1)) < float(found.group(3)) or float(found.group(1)) in (0, 1)
     exported = tmp_path / "outputs" / "quickstart-hf"
     assert {"config.json", "model.safetensors", "generation_config.json"} <= {p.name for p in exported.iterdir()}
     # the exported folder is the trained policy, not the untrained one (which never copies a word)

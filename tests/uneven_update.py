@@ -1,9 +1,11 @@
 """A training batch with very uneven row lengths, and one policy update on it by a group of ranks.
 
-    python tests/uneven_update.py MODEL_DIR OUT.pt RANKS [override ...]
+    python tests/uneven_update.py MODEL_DIR OUT_DIR RANKS SHARDING[,SHARDING...] [override ...]
 
-runs ``RANKS`` processes (a gloo group), each an :class:`ActorWorker` built with the overrides, one update on its
-share of :func:`uneven_batch`; rank 0 saves the parameter change and the metrics to ``OUT.pt``.
+runs ``RANKS`` processes; for each ``actor.sharding`` choice in turn they form a gloo group, build an
+:class:`ActorWorker` with the overrides, and make one update on their share of :func:`uneven_batch`; rank 0 saves
+the parameter change and the metrics to ``OUT_DIR/<choice>.pt``. One launch for every choice: the processes and
+their imports are paid once.
 """
 
 from __future__ import annotations
@@ -52,22 +54,24 @@ def flat_params(worker) -> torch.Tensor:
                       for p in worker.model.parameters()])
 
 
-def _rank(rank: int, world: int, model_dir: str, out: str, port: int, overrides: list[str]) -> None:
+def _rank(rank: int, world: int, model_dir: str, out: str, ports: list[int], choices: list[str],
+          overrides: list[str]) -> None:
     from openmanus_rl_core.config import load
     from openmanus_rl_core.distributed.sharding import shard_batch
     from openmanus_rl_core.workers import ActorWorker
 
-    cfg = load(sgd_like_overrides() + overrides, training=False)
-    w = ActorWorker(cfg, rank=rank, world_size=world, model_dir=model_dir, total_steps=10)
-    info = w.setup("127.0.0.1", port)
-    batch = uneven_batch(len(w.tokenizer), pad=w.tokenizer.pad_token_id)
-    shards, _ = shard_batch(batch, world)
-    before = flat_params(w)
-    metrics = w.update(shards[rank], step=1)
-    delta = flat_params(w) - before
-    if rank == 0:
-        torch.save({"delta": delta, "metrics": metrics, "sharding": info["sharding"]}, out)
-    w.shutdown()
+    for choice, port in zip(choices, ports):
+        cfg = load(sgd_like_overrides() + [f"actor.sharding={choice}"] + overrides, training=False)
+        w = ActorWorker(cfg, rank=rank, world_size=world, model_dir=model_dir, total_steps=10)
+        info = w.setup("127.0.0.1", port)
+        batch = uneven_batch(len(w.tokenizer), pad=w.tokenizer.pad_token_id)
+        shards, _ = shard_batch(batch, world)
+        before = flat_params(w)
+        metrics = w.update(shards[rank], step=1)
+        delta = flat_params(w) - before
+        if rank == 0:
+            torch.save({"delta": delta, "metrics": metrics, "sharding": info["sharding"]}, f"{out}/{choice}.pt")
+        w.shutdown()
 
 
 def main(argv: list[str]) -> None:
@@ -75,11 +79,15 @@ def main(argv: list[str]) -> None:
 
     import torch.multiprocessing as mp
 
-    model_dir, out, world, *overrides = argv
-    with socket.socket() as s:
+    model_dir, out, world, choices, *overrides = argv
+    choices = choices.split(",")
+    sockets = [socket.socket() for _ in choices]
+    for s in sockets:  # held together, so the ports differ
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(int(world), model_dir, out, port, overrides), nprocs=int(world), join=True)
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides), nprocs=int(world), join=True)
 
 
 if __name__ == "__main__":

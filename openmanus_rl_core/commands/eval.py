@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from openmanus_rl_core.config import ConfigError, check
-from openmanus_rl_core.metrics import mean
+from openmanus_rl_core.metrics import mean, success_interval
 from openmanus_rl_core.trainer import quiet_transformers, seed_all
 
 
@@ -75,6 +75,7 @@ def score(cfg: Any, overrides: Sequence[str] = ()) -> dict:
     result = {
         "tasks": len(episodes),
         "success_rate": mean([bool(e.trajectory.success) for e in episodes]),
+        **dict(zip(("success_ci_low", "success_ci_high"), success_interval([e.trajectory.success for e in episodes]))),
         "reward_mean": mean([b.total for b in breakdowns]),
         "num_turns": mean([e.trajectory.num_turns for e in episodes]),
         "seconds": time.perf_counter() - t0,
@@ -83,7 +84,8 @@ def score(cfg: Any, overrides: Sequence[str] = ()) -> dict:
     where = (ckpt.val_source if ckpt is not None and ckpt.val_source else
              str(c.data.val_files) if c.data.val_files else f"generated (env.val_tasks={c.env.val_tasks}, seed={c.seed})")
     print(f"eval on {result['tasks']} {c.env.name} validation tasks from {where}: success rate "
-          f"{result['success_rate']:.3f}, mean reward {result['reward_mean']:.3f} ({result['seconds']:.1f}s)")
+          f"{result['success_rate']:.3f} (95% interval {result['success_ci_low']:.3f}-{result['success_ci_high']:.3f}), "
+          f"mean reward {result['reward_mean']:.3f} ({result['seconds']:.1f}s)")
     if c.trainer.eval_output:
         Path(c.trainer.eval_output).parent.mkdir(parents=True, exist_ok=True)
         Path(c.trainer.eval_output).write_text(json.dumps(result, indent=2))

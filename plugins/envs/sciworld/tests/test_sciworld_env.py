@@ -136,15 +136,15 @@ def _tokenizer(env, tasks):
     return build_tokenizer(texts, vocab_size=600)
 
 
-def test_oracle_through_the_rollout_loop_on_20_dev_tasks():
+def test_oracle_through_the_rollout_loop_on_8_dev_tasks():
     env = SciWorldEnv()
-    tasks = [{"task_id": env.num_train + k, "seed": 0} for k in range(20)]
+    tasks = [{"task_id": env.num_train + k, "seed": 0} for k in range(8)]
     template = registry("template").build("react")
     trajs = oracle_rollout(SciWorldEnv, tasks, template, _tokenizer(env, tasks), max_turns=CONFIG["max_turns"],
                            max_prompt_tokens=4096, max_response_tokens=500_000, max_obs_tokens=4096,
                            env_timeout_s=300)  # a JVM's first start takes a minute on a loaded machine
     wins = [bool(t.turns) and t.turns[-1].info.get("success") is True for t in trajs]
-    assert sum(wins) >= 19, [(t.task_id, t.termination, t.num_turns, t.turns[-1].info) for t in trajs]
+    assert sum(wins) >= 7, [(t.task_id, t.termination, t.num_turns, t.turns[-1].info) for t in trajs]
     assert POOL.pids() == []
 
 
@@ -159,6 +159,7 @@ def test_long_episode_ends_truncated_and_reported():
     assert POOL.pids() == []
 
 
+@pytest.mark.long  # the CLI's train path is make test's on TextCraft and BabyAI; the env's own path is tested above
 def test_two_step_grpo_train_from_the_command_line(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [str(BIN / "openmanus-rl"), "train", "env=sciworld", "env.kwargs.tasks=[4-1]", "env.kwargs.envs_per_jvm=8",
