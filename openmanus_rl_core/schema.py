@@ -332,7 +332,8 @@ class DataConfig:
 class TrainerConfig:
     """The fit loop, its worker groups, validation, checkpoints, and `openmanus-rl eval`."""
 
-    total_steps: int = opt(60, "RL training steps", ge=1)
+    total_steps: int = opt(60, "RL training steps (0: the warm-up alone, validated and saved as step 0; a resume "
+                               "with more steps continues from it)", ge=0)
     ray_address: Optional[str] = opt(None, "null: start a local Ray; `auto`: join `ray start --head`")
     num_cpus: Optional[int] = opt(None, "CPUs of the local Ray (null: this machine's cores)", ge=1)
     log_to_driver: bool = opt(True, "show the workers' output on the driver console")

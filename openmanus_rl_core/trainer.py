@@ -461,8 +461,7 @@ class Trainer:
                                             resume_step=start_step if self.resume_path is not None else -1)
         self.pm.hook.openmanus_rl_run_start(cfg=self.cfg_node, run_dir=str(self.run_dir))
         val_freq, save_freq = tcfg.val_freq, tcfg.save_freq
-        last: dict[str, float] = {}
-        last_val: dict[str, float] = {}
+        last, last_val = {}, {}
         try:
             if self.resume_path is None:
                 first: dict[str, float] = {}
@@ -484,6 +483,10 @@ class Trainer:
                     first["time/elapsed_s"] = time.perf_counter() - self.t_start
                     self.metrics_logger.log(0, first)
                     last_val = {k: v for k, v in first.items() if k.startswith("val/")}
+                if not self.total_steps:  # the warm-up alone: its validation is the result, step 0 the checkpoint
+                    last, last_val = first, {k[len("warmup/"):]: v for k, v in first.items() if k.startswith("warmup/val/")}
+                    if tcfg.save_at_end:
+                        save(self, 0)
             self.bar = ProgressBar(self.total_steps, initial=start_step, disable=not tcfg.progress,
                                    log_path=self.run_dir / "train.log")
             self.log.bar = self.bar.bar

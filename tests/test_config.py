@@ -26,7 +26,7 @@ PROBE = ("import sys; from openmanus_rl_core.cli import main; rc = main(sys.argv
 
 
 @pytest.mark.parametrize("override, message", [
-    ("trainer.total_steps=-5", "trainer.total_steps=-5: must be >= 1"),
+    ("trainer.total_steps=-5", "trainer.total_steps=-5: must be >= 0"),
     ("rollout.n=0", "rollout.n=0: must be >= 1"),
     ("env.max_turns=0", "env.max_turns=0: must be >= 1"),
     ("trainer.max_checkpoints=-1", "trainer.max_checkpoints=-1: must be >= 1"),

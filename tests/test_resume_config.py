@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from openmanus_rl_core.config import load
@@ -110,6 +111,27 @@ def test_a_real_resume_keeps_the_reward_prints_and_records_the_change_and_keeps_
     again = _run(["train", *SMALL, f"trainer.run_dir={run}", "trainer.resume=auto", "--cfg", "job"], cli_env)
     cfg = yaml.safe_load(again.stdout)
     assert cfg["actor"]["lr"] == 1e-4 and cfg["trainer"]["total_steps"] == 3
+
+
+@pytest.mark.slow
+def test_the_warm_up_alone_is_a_run_of_0_steps_that_eval_scores_and_a_resume_continues_with_rl(tmp_path, cli_env):
+    run = tmp_path / "run"
+    warm = ["warmup.steps=30", "env.val_tasks=6", "env.train_tasks=8"]
+    first = _run(["train", *SMALL, *warm, f"trainer.run_dir={run}", "trainer.total_steps=0"], cli_env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    (row,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert row["step"] == 0 and row["warmup/steps"] == 30 and "train/reward_mean" not in row
+    assert [p.name for p in (run / "checkpoints").iterdir() if p.is_dir()] == ["step_000000"]
+    success = row["warmup/val/success_rate"]
+    assert "done: 0 steps in" in first.stdout and f"success rate {success:.3f}" in first.stdout.splitlines()[-2]
+    scored = _run(["eval", f"trainer.checkpoint={run}"], cli_env)
+    assert f"success rate {success:.3f} (95% interval" in scored.stdout, scored.stdout + scored.stderr[-2000:]
+    more = _run(["train", *SMALL, *warm, f"trainer.run_dir={run}", "trainer.resume=auto", "trainer.total_steps=1"],
+                cli_env)
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    assert "resumed from" in more.stdout and "warm-up step" not in more.stdout  # RL goes on from the warmed model
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0] == row and rows[-1]["step"] == 1 and "train/reward_mean" in rows[-1]
 
 
 def test_eval_from_a_run_takes_the_runs_validation_file_and_count(tmp_path):
