@@ -40,7 +40,7 @@ from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter
 from openmanus_rl_core.config import check
 from openmanus_rl_core.metrics import mean
 from openmanus_rl_core.schema import Config
-from openmanus_rl_core.trainer_state import restore, save
+from openmanus_rl_core.trainer_state import restart_workers, restore, save
 from openmanus_rl_core.validation import validate
 from openmanus_rl_core.warmup import warm_up
 
@@ -523,7 +523,7 @@ class Trainer:
                     step += 1
                 except WorkerGroupError as err:
                     restarts += 1
-                    saved_step = self._restart_workers(err, restarts)
+                    saved_step = restart_workers(self, err, restarts)
                     step, ckpt_seconds = saved_step + 1, None
             if self.stop.requested and step - 1 > saved_step:  # stopped by a signal: keep the steps done
                 save(self, step - 1)
@@ -549,39 +549,6 @@ class Trainer:
             except Exception as exc:  # a plot must never fail the run
                 self.log(f"could not draw the reward plot: {exc}")
             self.pm.hook.openmanus_rl_run_end(run_dir=str(self.run_dir), metrics=dict(last))
-
-    def _restart_workers(self, err: Exception, restarts: int) -> int:
-        """After a worker failure: new worker groups, state from the newest complete checkpoint; returns its step.
-
-        At most ``trainer.max_worker_restarts`` times per run; without a checkpoint to go back to, the error stands.
-        """
-        from openmanus_rl_core.checkpoint import CheckpointError, load_latest_checkpoint
-        from openmanus_rl_core.metrics import MetricsLogger
-
-        allowed = self.cfg.trainer.max_worker_restarts
-        found, why = None, f"trainer.max_worker_restarts={allowed} used up"
-        if restarts <= allowed:
-            try:
-                found = load_latest_checkpoint(self.run_dir)
-                why = f"no complete checkpoint in {self.run_dir} to restart from (set trainer.save_freq)"
-            except CheckpointError as exc:
-                why = str(exc)
-        if found is None:
-            self.log(f"worker failure, not restarting: {why}")
-            raise err
-        path, state = found
-        self.log(f"{err}\nrestarting the workers ({restarts}/{allowed}) from {path}")
-        for g in (self.actor, self.critic):
-            if g is not None:
-                g.kill()
-        self.actor = self.critic = None
-        self.stream = None  # its ranks are gone; the checkpoint's groups are played again
-        self._start_workers()
-        step = restore(self, path, state)
-        # The lines logged after that checkpoint are dropped: those steps run again.
-        self.metrics_logger.close()
-        self.metrics_logger = MetricsLogger(self.run_dir, tensorboard="tensorboard" in self.cfg.trainer.loggers, resume_step=step)
-        return step
 
     def shutdown(self) -> None:
         import ray

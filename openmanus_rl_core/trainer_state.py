@@ -1,5 +1,6 @@
 """A training run's state on disk: what a checkpoint of the trainer holds, and how a run resumes from one (the
-file format itself is :mod:`openmanus_rl_core.checkpoint`'s)."""
+file format itself is :mod:`openmanus_rl_core.checkpoint`'s), and how a run goes back to its newest checkpoint
+after a worker failure."""
 
 from __future__ import annotations
 
@@ -75,3 +76,37 @@ def restore(trainer: Any, path: Path, state: dict | None = None) -> int:
         trainer.actor.call("sync_rollout_weights", version=trainer.policy_version)
     return int(t["step"])
 
+
+def restart_workers(trainer: Any, err: Exception, restarts: int) -> int:
+    """After a worker failure: new worker groups, state from the newest complete checkpoint; returns its step.
+
+    At most ``trainer.max_worker_restarts`` times per run; without a checkpoint to go back to, the error stands.
+    """
+    from openmanus_rl_core.checkpoint import CheckpointError, load_latest_checkpoint
+    from openmanus_rl_core.metrics import MetricsLogger
+
+    allowed = trainer.cfg.trainer.max_worker_restarts
+    found, why = None, f"trainer.max_worker_restarts={allowed} used up"
+    if restarts <= allowed:
+        try:
+            found = load_latest_checkpoint(trainer.run_dir)
+            why = f"no complete checkpoint in {trainer.run_dir} to restart from (set trainer.save_freq)"
+        except CheckpointError as exc:
+            why = str(exc)
+    if found is None:
+        trainer.log(f"worker failure, not restarting: {why}")
+        raise err
+    path, state = found
+    trainer.log(f"{err}\nrestarting the workers ({restarts}/{allowed}) from {path}")
+    for g in (trainer.actor, trainer.critic):
+        if g is not None:
+            g.kill()
+    trainer.actor = trainer.critic = None
+    trainer.stream = None  # its ranks are gone; the checkpoint's groups are played again
+    trainer._start_workers()
+    step = restore(trainer, path, state)
+    # The lines logged after that checkpoint are dropped: those steps run again.
+    trainer.metrics_logger.close()
+    trainer.metrics_logger = MetricsLogger(trainer.run_dir, tensorboard="tensorboard" in trainer.cfg.trainer.loggers,
+                                           resume_step=step)
+    return step
