@@ -53,7 +53,7 @@ def interval(row: dict, prefix: str) -> str:
 
 
 def one_seed(preset: str, seed: int, val_tasks: int, extra: list[str], tmp: Path) -> dict:
-    base = [f"+experiment={preset}", f"seed={seed}", f"env.val_tasks={val_tasks}", *extra]
+    base = [f"+experiment={preset}"] * bool(preset) + [f"seed={seed}", f"env.val_tasks={val_tasks}", *extra]
     rows, wall = train(base, tmp / f"rl_{seed}")
     first, last = rows[0], rows[-1]
     warm_s = first["warmup/seconds"]
@@ -92,7 +92,7 @@ def table(results: list[dict], val_tasks: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", default="babyai_goto")
+    p.add_argument("--preset", default="babyai_goto", help="an +experiment option ('': the embedded default)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--val-tasks", type=int, default=120)
     p.add_argument("--json", default=None)
