@@ -403,3 +403,12 @@ def merge_lora_state(state_dict: Mapping[str, Any], scaling: float,
                 value = (value.float() + float(scaling) * delta.to(value.device)).to(value.dtype)
         out[name] = value
     return out
+
+
+def recipe_line(cfg: Any) -> str:
+    """The settings a run most easily gets wrong for its model, in one line printed at start."""
+    w = cfg.warmup
+    warm = f"{w.steps} steps at lr {w.lr:g}" if w.enabled and w.steps > 0 else "off"
+    model = cfg.model.path or "the embedded tiny model"
+    critic = f", critic.lr {cfg.critic.lr:g}" if cfg.algorithm.use_critic else ""
+    return f"recipe model={cfg.model.recipe} for {model}: actor.lr {cfg.actor.lr:g}{critic}, warm-up {warm}"

@@ -8,6 +8,9 @@ A plugin's kwargs (``env.kwargs``, ``template.kwargs``, ``allocator.kwargs``, ``
 - else its constructor's (or function's) signature: the parameter names, and the types of annotated parameters.
   A constructor with ``**kwargs`` takes any name.
 
+A tracker (a ``trainer.loggers`` name, a hook plugin) takes settings at ``trainer.tracker_kwargs.<name>`` only
+when its hook object declares a ``Kwargs`` dataclass; it reads them with :func:`tracker_settings`.
+
 A reward component's ``weight`` must be a finite number, and its spec may only have the keys the composer reads.
 A problem raises :class:`~openmanus_rl_core.config.ConfigError`: one line naming the key and the value, with
 "did you mean" for a misspelled name. Checking imports the selected components (not their dependencies' models).
@@ -38,6 +41,44 @@ def check_plugin_kwargs(c: Any) -> None:
         if not isinstance(kwargs, Mapping):
             raise ConfigError(f"{key}={kwargs!r}: must be a mapping of the {kind} {name!r}'s arguments")
         check_kwargs(key, f"{kind} {name!r}", registry(kind).get(name), kwargs)
+    check_tracker_kwargs(list(c.trainer.loggers or []), c.trainer.tracker_kwargs or {})
+
+
+def check_tracker_kwargs(loggers: list[str], given: Mapping[str, Any]) -> None:
+    """``trainer.tracker_kwargs``: each key a selected tracker, each tracker's settings against its ``Kwargs``."""
+    from openmanus_rl_core.config import ConfigError
+    from openmanus_rl_core.plugins import hook_entries
+    from openmanus_rl_core.registry import load_entry
+
+    for name, kwargs in given.items():
+        key = f"trainer.tracker_kwargs.{name}"
+        if name not in loggers:
+            close = difflib.get_close_matches(str(name), loggers, n=1, cutoff=0.6)
+            hint = f"did you mean trainer.tracker_kwargs.{close[0]}?" if close else "add it to trainer.loggers"
+            raise ConfigError(f"{key}: {name!r} is not a tracker of trainer.loggers=[{','.join(loggers)}]; {hint}")
+        if not kwargs:
+            continue
+        if not isinstance(kwargs, Mapping):
+            raise ConfigError(f"{key}={kwargs!r}: must be a mapping of the tracker {name!r}'s settings")
+        entry = next(e for e in hook_entries() if e.name == name)  # installed: config._check_loggers said so
+        tracker = load_entry(entry)
+        if not dataclasses.is_dataclass(getattr(tracker, "Kwargs", None)):
+            first = next(iter(kwargs))
+            raise ConfigError(f"{key}.{first}={_show(kwargs[first])}: the tracker {name!r} ({entry.dist}) takes no "
+                              f"settings")
+        check_kwargs(key, f"tracker {name!r}", tracker, kwargs)
+
+
+def tracker_settings(cfg: Any, name: str, kwargs_cls: type) -> Any:
+    """A tracker's ``Kwargs`` from ``trainer.tracker_kwargs.<name>`` of the config a hook receives (checked before
+    the run started)."""
+    given = cfg.trainer.tracker_kwargs or {}
+    settings = given.get(name) or {}
+    if hasattr(settings, "_get_node"):  # a DictConfig: plain values
+        from omegaconf import OmegaConf
+
+        settings = OmegaConf.to_container(settings, resolve=True)
+    return kwargs_cls(**dict(settings))
 
 
 def _plugin_nodes(c: Any) -> Iterator[tuple[str, str, str, Any]]:
@@ -144,9 +185,8 @@ def _optional(tp: Any) -> bool:
 def _describe(tp: Any, default: Any) -> str:
     args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (
         typing.Union, getattr(types, "UnionType", ())) else [tp]
-    if typing.get_origin(tp) is typing.Literal:
-        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
-    words = " or ".join(_SIMPLE.get(typing.get_origin(a) or a, getattr(a, "__name__", str(a))) for a in args)
+    words = " or ".join("one of " + ", ".join(map(repr, typing.get_args(a))) if typing.get_origin(a) is typing.Literal
+                        else _SIMPLE.get(typing.get_origin(a) or a, getattr(a, "__name__", str(a))) for a in args)
     return f"{words} or null" if _optional(tp) or default is None else words
 
 

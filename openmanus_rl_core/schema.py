@@ -370,6 +370,8 @@ class TrainerConfig:
     max_checkpoints: Optional[int] = opt(3, "keep the newest N checkpoints (null: all)", ge=1)
     loggers: List[str] = opt(["tensorboard"], "trackers: tensorboard (events next to metrics.jsonl, with the config and "
                                               "hparams), and installed tracker plugins such as wandb, mlflow")
+    tracker_kwargs: Dict[str, Any] = opt({}, "tracker name (one of loggers) -> its settings, checked against the "
+                                              "tracker's Kwargs, e.g. trainer.tracker_kwargs.wandb.project=my-runs")
     progress: bool = opt(True, "show a progress bar")
     checkpoint: Optional[str] = opt(None, "`openmanus-rl eval`: the checkpoint folder or run directory",
                                     commands=FROM_CHECKPOINT,
@@ -381,6 +383,9 @@ class TrainerConfig:
     max_env_error_steps: int = opt(3, "abort (exit 1, naming the first error) when every episode of N steps in a "
                                       "row ended as env_error (0: never)", ge=0)
     max_worker_restarts: int = opt(2, "worker-group failures recovered from the newest checkpoint per run", ge=0)
+    stop_grace_s: float = opt(30.0, "after a first SIGTERM / Ctrl-C: seconds to the exit at the latest (a rollout or "
+                                    "validation in progress is abandoned, an update finishes, a checkpoint is saved; "
+                                    "past it the run exits without a new checkpoint)", gt=0, commands=("train",))
 
 
 @dataclass

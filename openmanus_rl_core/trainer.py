@@ -40,6 +40,7 @@ from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter
 from openmanus_rl_core.config import check
 from openmanus_rl_core.metrics import mean
 from openmanus_rl_core.schema import Config
+from openmanus_rl_core.stopping import Abandoned, StopOnSignal
 from openmanus_rl_core.trainer_state import restart_workers, restore, save
 from openmanus_rl_core.validation import validate
 from openmanus_rl_core.warmup import warm_up
@@ -58,8 +59,6 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-
-
 def quiet_transformers() -> None:
     """transformers' progress bars (saving / loading the model) would clutter the console."""
     try:
@@ -69,16 +68,6 @@ def quiet_transformers() -> None:
         hf_logging.disable_progress_bar()
     except Exception:  # an old transformers without these: only cosmetic
         pass
-
-
-
-def recipe_line(cfg: Config) -> str:
-    """The settings a run most easily gets wrong for its model, in one line printed at start."""
-    w = cfg.warmup
-    warm = f"{w.steps} steps at lr {w.lr:g}" if w.enabled and w.steps > 0 else "off"
-    model = cfg.model.path or "the embedded tiny model"
-    critic = f", critic.lr {cfg.critic.lr:g}" if cfg.algorithm.use_critic else ""
-    return f"recipe model={cfg.model.recipe} for {model}: actor.lr {cfg.actor.lr:g}{critic}, warm-up {warm}"
 
 
 class _Log:
@@ -103,6 +92,7 @@ class Trainer:
         self.cfg_node = cfg  # as composed (the run_start hook gets it)
         self.cfg: Config = check(cfg)
         self.log = _Log()
+        self.stop = StopOnSignal(self.log, self.cfg.trainer.stop_grace_s)  # installed by fit (stopping.py)
         self.ray_started = False
         self.resume_path: Path | None = None
         self._resume_state: dict | None = None  # the checkpoint read by setup, until fit hands it to the workers
@@ -124,7 +114,7 @@ class Trainer:
         from openmanus_rl_core.envs import EnvErrorWatch, open_env_service
         from openmanus_rl_core.metrics import make_run_dir
         from openmanus_rl_core.model_dir import prepare_model_dir
-        from openmanus_rl_core.models import check_model
+        from openmanus_rl_core.models import check_model, recipe_line
         from openmanus_rl_core.plugins import make_plugin_manager
         from openmanus_rl_core.registry import build, registry
         from openmanus_rl_core.resume import resume_point
@@ -224,7 +214,8 @@ class Trainer:
         from openmanus_rl_core.distributed.sharding import split_evenly
 
         shards = split_evenly(tasks, self.actor.size)
-        parts = self.actor.call_each("rollout", [(s,) for s in shards], overrides=overrides, keep_rng=keep_rng)
+        parts = self.actor.call_each("rollout", [(s,) for s in shards], overrides=overrides, keep_rng=keep_rng,
+                                     abandon=self.stop.abandon_now)  # a stop signal gives the rollout up
         return [ep for part in parts for ep in part]
 
     # -------------------------------------------------------------------------------------- one step
@@ -262,7 +253,8 @@ class Trainer:
             if self.cfg.rollout.max_staleness is not None:
                 episodes = self._stream().next_batch(self.policy_version, metrics)
             else:
-                episodes = self._batch_rollout(step, metrics)
+                with self.stop.keeping(self.sampler):  # abandoned: its tasks are drawn again on resume
+                    episodes = self._batch_rollout(step, metrics)
         trajectories = [e.trajectory for e in episodes]
         self.env_errors.update(step, [t.termination for t in trajectories], [t.error for t in trajectories])
         self.pm.hook.openmanus_rl_process_trajectories(trajectories=trajectories, step=step)
@@ -304,7 +296,8 @@ class Trainer:
 
         if self.stream is None:
             self.stream = GroupStream(self.actor, self.cfg.rollout, self.sampler.next_batch,
-                                      self.cfg.data.train_batch_size, self.group_filter, self.max_extra_groups)
+                                      self.cfg.data.train_batch_size, self.group_filter, self.max_extra_groups,
+                                      abandon=self.stop.abandon_now)
             if self._stream_state is not None:
                 self.stream.load_state_dict(self._stream_state)
         return self.stream
@@ -445,10 +438,9 @@ class Trainer:
     def fit(self) -> dict[str, float]:
         from openmanus_rl_core.metrics import LearningSignalWatch, MetricsLogger, ProgressBar, plot_rewards
         from openmanus_rl_core.distributed.worker_group import WorkerGroupError
-        from openmanus_rl_core.stopping import StopOnSignal
 
         tcfg = self.cfg.trainer
-        self.stop = StopOnSignal(self.log).install()  # SIGTERM / Ctrl-C: stop after the step, with a checkpoint
+        self.stop.install(f"continue with: openmanus-rl train trainer.run_dir={self.run_dir} trainer.resume=auto")
         self.skipped_steps = 0
         start_step = 0
         if self.resume_path is not None:
@@ -500,8 +492,9 @@ class Trainer:
                     metrics = self.train_step(step)
                     is_last = step == self.total_steps
                     if (val_freq and step % val_freq == 0) or (is_last and tcfg.val_at_end):
-                        metrics.update(validate(self, step))
-                        last_val = {k: v for k, v in metrics.items() if k.startswith("val/")}
+                        val = self.stop.unless_stopped(validate, self, step)  # stopping: the step stays, unvalidated
+                        metrics.update(val)
+                        last_val = {k: v for k, v in val.items() if k.startswith("val/")} or last_val
                     metrics["time/elapsed_s"] = time.perf_counter() - self.t_start
                     if ckpt_seconds is not None:  # the previous checkpoint's write time
                         metrics["timing/checkpoint"] = ckpt_seconds
@@ -521,6 +514,9 @@ class Trainer:
                         ckpt_seconds = time.perf_counter() - t0
                         saved_step = step
                     step += 1
+                except Abandoned:  # a stop signal gave this step's rollout up: not trained on, not logged
+                    self.log(f"step {step} abandoned: the run is stopping")
+                    break
                 except WorkerGroupError as err:
                     restarts += 1
                     saved_step = restart_workers(self, err, restarts)
@@ -560,7 +556,6 @@ class Trainer:
             ray.shutdown()
         if self.env_service is not None:  # after the workers: no env call is left in flight
             self.env_service.close()
-
 
 
 def _avg(items: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -246,3 +246,16 @@ def test_eval_and_rollout_from_a_checkpoint_play_the_max_turns_the_command_line_
     named = [f"trainer.checkpoint={ckpt}", *command_line]
     c, _ = adopt_run_config(check(compose(named), training=False), named, log=lambda message: None)
     assert c.env.name == "key_door" and c.rollout.max_turns == turns
+
+
+@pytest.mark.parametrize("umask", [0o077, 0o002])
+def test_export_gives_every_file_the_permissions_the_umask_says(tmp_path, umask):
+    ckpt, _, _ = _checkpoint(tmp_path, "llama", None)
+    out = tmp_path / "exported"
+    before = os.umask(umask)
+    try:
+        assert main(["export", f"trainer.checkpoint={ckpt}", f"export.dir={out}"]) == 0
+    finally:
+        os.umask(before)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.rglob("*") if p.is_file()}
+    assert len(modes) >= 5 and set(modes.values()) == {oct(0o666 & ~umask)}, modes  # 0o600 / 0o664, all alike

@@ -46,6 +46,15 @@ MISSPELLED = [
      "allocator.kwargs.gamma?"),
     (["memory=summary", "memory.kwargs.max_char=10"],
      "error: memory.kwargs.max_char=10: unknown key of the memory 'summary'; did you mean memory.kwargs.max_chars?"),
+    (["trainer.loggers=[tensorboard,wandb]", "trainer.tracker_kwargs.wandb.projct=x"],
+     "error: trainer.tracker_kwargs.wandb.projct=x: unknown key of the tracker 'wandb'; did you mean "
+     "trainer.tracker_kwargs.wandb.project?"),
+    (["trainer.loggers=[mlflow]", "trainer.tracker_kwargs.mlflow.experimnt=a"],
+     "error: trainer.tracker_kwargs.mlflow.experimnt=a: unknown key of the tracker 'mlflow'; did you mean "
+     "trainer.tracker_kwargs.mlflow.experiment?"),
+    (["trainer.tracker_kwargs.tensorboard.hparam=false"],
+     "error: trainer.tracker_kwargs.tensorboard.hparam=false: unknown key of the tracker 'tensorboard'; did you mean "
+     "trainer.tracker_kwargs.tensorboard.hparams?"),
     (["reward=process", "reward.components.process.kwargs.moed=sum"],
      "error: reward.components.process.kwargs.moed=sum: unknown key of the reward 'process'; did you mean "
      "reward.components.process.kwargs.mode?"),
@@ -130,3 +139,12 @@ def test_a_key_the_command_does_not_read_is_refused(tmp_path, cli_env):
                    "they read is trainer.checkpoint")
     got, _ = _refused(["export.dir=x"], tmp_path, cli_env)
     assert got == "error: export.dir=x: export.dir is read by export, not by train"
+
+
+def test_tracker_settings_for_a_tracker_not_selected_or_of_the_wrong_type_are_refused(tmp_path, cli_env):
+    line, _ = _refused(["trainer.tracker_kwargs.tensorbord.hparams=false"], tmp_path, cli_env)
+    assert line == ("error: trainer.tracker_kwargs.tensorbord: 'tensorbord' is not a tracker of "
+                    "trainer.loggers=[tensorboard]; did you mean trainer.tracker_kwargs.tensorboard?")
+    line, _ = _refused(["trainer.loggers=[wandb]", "trainer.tracker_kwargs.wandb.mode=onlin"], tmp_path, cli_env)
+    assert line == ("error: trainer.tracker_kwargs.wandb.mode=onlin: must be one of 'online', 'offline', 'disabled' "
+                    "or null (tracker 'wandb')")

@@ -509,3 +509,24 @@ def test_builtin_key_door_with_react_template(model, tok, env_log):
         m = torch.tensor(ep.response_mask, dtype=torch.bool)
         assert torch.allclose(ref[m], torch.tensor(ep.logprobs)[m], atol=1e-4)
         assert all(not t.action.valid or t.action.content for t in ep.trajectory.turns)
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "episodes"])
+def test_a_stop_abandons_the_rollout_while_an_env_call_hangs(model, tok, env_log, mode):
+    from openmanus_rl_core.stopping import Abandoned
+
+    loop = make_loop(model, tok, env_log, mode=mode, env_timeout_s=20.0)
+    t0 = time.monotonic()
+    loop.abandon = lambda: time.monotonic() > t0 + 0.3
+    with pytest.raises(Abandoned, match="the run is stopping"):
+        loop.run(expand_tasks([{"task_id": HANG, "seed": 1}, {"task_id": 1, "seed": 2}], 1))
+    took = time.monotonic() - t0
+    assert 0.3 <= took < 3.0, took  # not the 20 s env timeout of the hung step
+    if mode == "lockstep":  # every env was closed on the way out, the hung one too
+        assert env_log[0]["closed"] == env_log[0]["created"] == 2
+
+    loop.abandon = lambda: True  # already stopping: no env is even made
+    before = env_log[0]["created"]
+    with pytest.raises(Abandoned):
+        loop.run(expand_tasks([{"task_id": 1, "seed": 2}], 1))
+    assert env_log[0]["created"] == before

@@ -1,6 +1,7 @@
-"""SIGTERM mid-run (a preempted job): the step in progress ends, a checkpoint keeps every step done, the command
-says how to continue and exits promptly with 143; the resume reaches the end with every metric row logged before
-the signal unchanged. A real ``openmanus-rl train`` subprocess and a real signal."""
+"""SIGTERM mid-run (a preempted job): the step in progress ends or is abandoned (a rollout waiting on slow envs), a
+checkpoint keeps every step completed, the command says how to continue and exits within trainer.stop_grace_s with
+143; the resume reaches the end with every metric row logged before the signal unchanged. A real ``openmanus-rl
+train`` subprocess and a real signal."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,23 +26,31 @@ def _rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.exists() else []
 
 
-def test_sigterm_mid_run_saves_a_checkpoint_and_the_resume_keeps_every_earlier_row(tmp_path, cli_env):
-    run = tmp_path / "run"
-    args = [CLI, "train", *SMALL, f"trainer.run_dir={run}", "trainer.total_steps=200", "trainer.save_freq=0",
-            "trainer.val_freq=0"]
+def _sigterm_after_step_2(args: list[str], run: Path, cli_env: dict, delay_s: float = 0.0):
+    """``(process, stdout, stderr, seconds from the signal to the exit, metric rows when it was sent)`` of a
+    ``train`` command sent SIGTERM ``delay_s`` after step 2's metrics row was written."""
     proc = subprocess.Popen(args, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 480
         while not any(r.get("step", 0) >= 2 for r in _rows(run)):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.2)
+            time.sleep(0.1)
+        time.sleep(delay_s)
+        rows = _rows(run)
         proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         stdout, stderr = proc.communicate(timeout=60)
-        seconds = time.monotonic() - t0
+        return proc, stdout, stderr, time.monotonic() - t0, rows
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_sigterm_mid_run_saves_a_checkpoint_and_the_resume_keeps_every_earlier_row(tmp_path, cli_env):
+    run = tmp_path / "run"
+    args = [CLI, "train", *SMALL, f"trainer.run_dir={run}", "trainer.total_steps=200", "trainer.save_freq=0",
+            "trainer.val_freq=0"]
+    proc, stdout, stderr, seconds, _ = _sigterm_after_step_2(args, run, cli_env)
     assert proc.returncode == 143, stdout[-3000:] + stderr[-3000:]
     assert seconds < 30, seconds
     rows = _rows(run)
@@ -67,8 +77,9 @@ def test_the_second_signal_is_not_waited_for_and_the_first_only_asks(monkeypatch
     stop.interrupt = False  # in the step loop
     stop._handle(signal.SIGINT, None)
     assert stop.requested == signal.SIGINT and stop.exit_code == 130 and exits == []
-    assert logged == ["SIGINT: stopping after the current step (a checkpoint is saved); send it again to exit at "
-                      "once"]
+    assert logged == ["SIGINT: stopping (a rollout or validation in progress is abandoned, an update is finished, "
+                      "then a checkpoint is saved; exit within infs); send it again to exit at once"]
+    assert stop.abandon_now()
     stop._handle(signal.SIGTERM, None)
     assert exits == [143]
 
@@ -102,3 +113,89 @@ def test_sigterm_in_the_warm_up_exits_promptly_without_a_checkpoint(tmp_path, cl
     assert "stopped by SIGTERM after" in text and "no step completed" in text
     assert "Traceback" not in text and "GCS" not in text
     assert not (run / "checkpoints").exists()
+
+
+def test_a_run_that_does_not_stop_within_the_grace_period_exits_then(monkeypatch):
+    logged, exits = [], []
+    monkeypatch.setattr("os._exit", exits.append)
+    stop = StopOnSignal(logged.append, grace_s=0.3).install("continue with: openmanus-rl train ...")
+    try:
+        stop.interrupt = False
+        stop._handle(signal.SIGTERM, None)
+        time.sleep(1.0)
+    finally:
+        stop.restore()
+    assert exits == [143]
+    assert logged[-1] == ("SIGTERM: the run did not stop within trainer.stop_grace_s=0.3s; exiting without a new "
+                          "checkpoint (the newest one stands). continue with: openmanus-rl train ...")
+
+    ended = StopOnSignal(logged.append, grace_s=0.3)  # the run ended in time: no exit afterwards
+    ended.interrupt = False
+    ended._handle(signal.SIGTERM, None)
+    ended.disarm()
+    time.sleep(0.6)
+    assert exits == [143]
+
+
+def test_an_abandoned_rollout_draws_its_tasks_again_and_a_stopped_validation_keeps_its_step():
+    from openmanus_rl_core.data import TaskSampler
+    from openmanus_rl_core.stopping import Abandoned
+
+    logged = []
+    stop = StopOnSignal(logged.append)
+    sampler = TaskSampler([{"task_id": i} for i in range(10)], 3, seed=0)
+    first = sampler.next_batch()
+    with pytest.raises(Abandoned):
+        with stop.keeping(sampler):
+            sampler.next_batch()
+            raise Abandoned("rollout abandoned")
+    with stop.keeping(sampler):
+        drawn = sampler.next_batch()
+    replay = TaskSampler([{"task_id": i} for i in range(10)], 3, seed=0)
+    assert replay.next_batch() == first and replay.next_batch() == drawn
+
+    assert stop.unless_stopped(lambda s: {"val/success_rate": s}, 0.5) == {"val/success_rate": 0.5}
+    calls = SimpleNamespace(n=0)
+
+    def abandoned_validation():
+        calls.n += 1
+        raise Abandoned("validation abandoned")
+
+    assert stop.unless_stopped(abandoned_validation) == {} and calls.n == 1
+    stop.requested = signal.SIGTERM
+    assert stop.unless_stopped(abandoned_validation) == {} and calls.n == 1  # stopping: not started at all
+    assert logged == ["validation skipped: the run is stopping"] * 2
+
+
+SLOW_ENV = [a for a in SMALL if a != "env=key_door"] + [
+    "env=latency", "env.kwargs.inner=key_door", "env.kwargs.median_ms=4000", "env.kwargs.sigma=0",
+    "rollout.max_turns=1"]
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_slow_rollout_abandons_the_step_and_keeps_the_completed_ones(tmp_path, cli_env):
+    """Every env step waits 4 s: the signal comes 1 s into step 3's env calls. The step is given up (not the 3 s
+    more it needed), the checkpoint is step 2's, no row of step 3 exists, and the resume plays steps 3 and 4."""
+    run = tmp_path / "run"
+    args = [CLI, "train", *SLOW_ENV, f"trainer.run_dir={run}", "trainer.total_steps=50", "trainer.save_freq=0",
+            "trainer.val_freq=0", "trainer.val_before_train=false"]
+    # 1 s after step 2's row: step 3's rollout, its replies made, its env calls waiting.
+    proc, stdout, stderr, seconds, rows = _sigterm_after_step_2(args, run, cli_env, delay_s=1.0)
+    assert proc.returncode == 143, stdout[-3000:] + stderr[-3000:]
+    assert seconds < 30, seconds
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[1]["timing/rollout"] > 3.5  # the env waits were real
+    assert _rows(run) == rows  # the abandoned step left no row
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002"]
+    assert "step 3 abandoned: the run is stopping" in stdout, stdout[-3000:]
+    assert (f"steps up to 2 are in {run / 'checkpoints'}" in stdout
+            and f"continue with: openmanus-rl train trainer.run_dir={run} trainer.resume=auto" in stdout)
+    for noise in ("Traceback", "GCS", "Unhandled error", "TaskCancelledError"):
+        assert noise not in stderr, stderr[-3000:]
+
+    out = subprocess.run([CLI, "train", *SLOW_ENV, f"trainer.run_dir={run}", "trainer.resume=auto",
+                          "trainer.total_steps=4", "trainer.save_freq=0", "trainer.val_freq=0",
+                          "trainer.val_before_train=false"], env=cli_env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    after = _rows(run)
+    assert after[:len(rows)] == rows
+    assert [r["step"] for r in after[len(rows):]] == [3, 4]

@@ -41,6 +41,17 @@ class _SumWorker(Worker):
         dist.all_reduce(t)
         return float(t.item())
 
+    def until_cancelled(self, limit_s: float = 20.0) -> str:
+        """Waits, as an agent loop does between turns, until the driver cancels the call."""
+        from openmanus_rl_core.stopping import cancelled_call
+
+        cancelled, end = cancelled_call(), time.monotonic() + limit_s
+        while not cancelled():
+            if time.monotonic() > end:
+                return "never cancelled"
+            time.sleep(0.02)
+        return "cancelled"
+
     def peer_raises_before_rank_1_dies(self) -> None:
         """The worst order of a crash: rank 0 raises at once (as its collective does when the peer's connection
         closes), and Ray learns of rank 1's death only later."""
@@ -113,5 +124,23 @@ def test_a_rank_that_died_is_named_rather_than_the_peer_that_raised_because_of_i
             group.call("peer_raises_before_rank_1_dies")
         assert info.value.rank == 1 and isinstance(info.value.cause, ray.exceptions.RayActorError)
         assert str(info.value).startswith("summer rank 1 failed in peer_raises_before_rank_1_dies: ")
+    finally:
+        group.kill()
+
+
+def test_an_abandoned_call_is_cancelled_on_every_rank_and_frees_them_for_the_next_call(ray_local):
+    from openmanus_rl_core.stopping import Abandoned
+
+    group = _group()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Abandoned, match=r"summer.until_cancelled abandoned: the run is stopping"):
+            group.call_each("until_cancelled", [(), ()], abandon=lambda: time.monotonic() > t0 + 0.5)
+        took = time.monotonic() - t0
+        assert 0.5 <= took < 5.0, took  # not the 20 s the ranks would wait uncancelled
+        assert group.call("rank_sum") == [3.0, 3.0]  # both ranks gave the call up and answer again
+        with pytest.raises(Abandoned):  # already stopping: the call is not even started
+            group.call_each("rank_sum", [(-1,), (-1,)], abandon=lambda: True)
+        assert group.call_each("until_cancelled", [(0.2,), (0.2,)], abandon=lambda: False) == ["never cancelled"] * 2
     finally:
         group.kill()

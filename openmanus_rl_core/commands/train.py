@@ -59,6 +59,7 @@ def run(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None,
         final = {}  # a signal before the first step: nothing to save
     finally:
         trainer.shutdown()
+        trainer.stop.disarm()  # ended within the grace period: no forced exit later (an in-process caller goes on)
     elapsed = time.perf_counter() - trainer.t_start
     if trainer.stop.requested:  # SIGTERM / Ctrl-C: the steps done are in the newest checkpoint
         ckpts = list_checkpoints(trainer.run_dir)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from openmanus_rl_core.schema import Config
 
@@ -44,6 +44,30 @@ def _root_cause(rank: int, error: Exception, pending: list, rank_of: Mapping) ->
         except Exception:  # another raised error: the first one stays the one reported
             pass
     return rank, error
+
+
+ABANDON_POLL_S = 0.1
+"""How often a call that may be abandoned checks whether it should be."""
+
+
+def _abandoned(group: str, method: str) -> Exception:
+    from openmanus_rl_core.stopping import Abandoned
+
+    return Abandoned(f"{group}.{method} abandoned: the run is stopping")
+
+
+def _cancel(refs: list) -> None:
+    """Cancel calls still running and wait until they gave up, reading their results so that Ray reports no
+    unhandled error for them (the ranks are free for the next call, the checkpoint)."""
+    import ray
+
+    for ref in refs:
+        ray.cancel(ref)
+    for ref in refs:
+        try:
+            ray.get(ref)
+        except Exception:  # TaskCancelledError, or the call's own error: it is given up either way
+            pass
 
 
 class WorkerGroup:
@@ -88,13 +112,19 @@ class WorkerGroup:
     def call(self, method: str, *args: Any, **kwargs: Any) -> list:
         return self._gather(method, [getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
-    def call_each(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> list:
+    def call_each(self, method: str, per_rank_args: Sequence[tuple], *, abandon: Callable[[], bool] | None = None,
+                  **kwargs: Any) -> list:
+        """``abandon``: checked while the ranks run; once it is true the calls still running are cancelled (a method
+        that checks :func:`openmanus_rl_core.stopping.cancelled_call` gives up) and
+        :class:`~openmanus_rl_core.stopping.Abandoned` is raised."""
         if len(per_rank_args) != self.size:
             raise ValueError(f"{self.name}.{method}: got {len(per_rank_args)} argument sets for {self.size} ranks")
+        if abandon is not None and abandon():
+            raise _abandoned(self.name, method)
         return self._gather(method, [getattr(w, method).remote(*a, **kwargs)
-                                     for w, a in zip(self.workers, per_rank_args)])
+                                     for w, a in zip(self.workers, per_rank_args)], abandon)
 
-    def _gather(self, method: str, refs: list) -> list:
+    def _gather(self, method: str, refs: list, abandon: Callable[[], bool] | None = None) -> list:
         """The ranks' results in rank order, failing as soon as any rank fails (see the class docstring)."""
         import ray
 
@@ -103,7 +133,12 @@ class WorkerGroup:
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         pending = list(refs)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            done, pending = ray.wait(pending, num_returns=1, timeout=None if abandon is None else ABANDON_POLL_S)
+            if not done:
+                if abandon():
+                    _cancel(pending)
+                    raise _abandoned(self.name, method)
+                continue
             try:
                 ray.get(done[0])
             except Exception as e:

@@ -12,6 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
+ABANDON_POLL_S = 0.1
+"""How often :meth:`EnvCallPool.collect` checks whether to give up its wait (a stop signal)."""
+
+
 class CallStatus(enum.Enum):
     """How one env call (reset, step, close) run by :class:`EnvCallPool` ended."""
 
@@ -111,15 +115,21 @@ class EnvCallPool:
                 self._abandoned += timed_out
         return out
 
-    def collect(self, futs: Sequence[cf.Future], timeout: float) -> list[tuple[str, Any]]:
+    def collect(self, futs: Sequence[cf.Future], timeout: float,
+                abandon: Callable[[], bool] | None = None) -> list[tuple[str, Any]]:
         """Wait for every future; each gets ``timeout`` seconds from the moment its call started.
 
         Returns, in order, ``(CallStatus.OK, result)``, ``(CallStatus.ERROR, exception)`` or
-        ``(CallStatus.TIMEOUT, None)``.
+        ``(CallStatus.TIMEOUT, None)``. ``abandon``: checked every :data:`ABANDON_POLL_S` while waiting; once true,
+        :class:`~openmanus_rl_core.stopping.Abandoned` is raised (the calls go on in their threads, unwaited).
         """
         pending = set(futs)
         timed_out: set[cf.Future] = set()
         while pending:
+            if abandon is not None and abandon():
+                from openmanus_rl_core.stopping import Abandoned
+
+                raise Abandoned("env calls abandoned: the run is stopping")
             now = time.monotonic()
             deadlines = [getattr(f, "started_at", None) for f in pending]
             known = [d + timeout for d in deadlines if d is not None]
@@ -133,6 +143,8 @@ class EnvCallPool:
             wait_s = min(known) - now if known else 0.05
             if len(known) < len(deadlines):  # some calls are queued: re-check their start times soon
                 wait_s = min(wait_s, 0.05)
+            if abandon is not None:
+                wait_s = min(wait_s, ABANDON_POLL_S)
             done, _ = cf.wait(pending, timeout=max(wait_s, 0.0), return_when=cf.FIRST_COMPLETED)
             pending -= done
         if timed_out:

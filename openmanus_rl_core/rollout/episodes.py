@@ -92,6 +92,7 @@ class EpisodeRunner:
         episodes = self.add(tasks)
         try:
             while self.busy:
+                self.loop.check_abandon()  # a stop signal: give up between two rounds
                 self.advance(max_wait_s=0.05)
         finally:
             self.close()

@@ -114,6 +114,14 @@ class AgentLoop:
         self.stats: dict[str, Any] = {}
         # The policy version (completed optimizer steps) of the engine's weights: every generated token records it.
         self.version = 0
+        # Checked between turns and while env calls run: once true, run() gives up (stopping.Abandoned).
+        self.abandon: Callable[[], bool] | None = None
+
+    def check_abandon(self) -> None:
+        if self.abandon is not None and self.abandon():
+            from openmanus_rl_core.stopping import Abandoned
+
+            raise Abandoned("rollout abandoned: the run is stopping")
 
     # -------------------------------------------------------------------------------------- helpers
     def _obs_tokens(self, text: str) -> tuple[list[int], bool]:
@@ -238,6 +246,7 @@ class AgentLoop:
         a fresh uuid per task); the whole mapping is kept in ``Trajectory.task`` for reward components.
         """
         cfg = self.cfg
+        self.check_abandon()
         if cfg.mode == "episodes":  # each episode on its own: rollout/episodes.py
             from openmanus_rl_core.rollout.episodes import EpisodeRunner
 
@@ -255,7 +264,7 @@ class AgentLoop:
         try:
             # Reset every env concurrently.
             t0 = time.perf_counter()
-            results = pool.collect([pool.submit(self._start, lv) for lv in lives], cfg.env_timeout_s)
+            results = pool.collect([pool.submit(self._start, lv) for lv in lives], cfg.env_timeout_s, self.abandon)
             stats["reset_s"] = time.perf_counter() - t0
             for lv, (status, value) in zip(lives, results):
                 self._take_reset(lv, status, value)
@@ -265,6 +274,7 @@ class AgentLoop:
                 live = [lv for lv in lives if not lv.done]
                 if not live:
                     break
+                self.check_abandon()
                 # ONE batched generate over every live episode.
                 t0 = time.perf_counter()
                 prompts = [self._prompt(lv) for lv in live]
@@ -283,7 +293,7 @@ class AgentLoop:
                 # Every stepping env concurrently, each call with its own timeout.
                 t0 = time.perf_counter()
                 futs = [pool.submit(lv.env.step, tr.action.content) for lv, tr in stepping]
-                results = pool.collect(futs, cfg.env_timeout_s)
+                results = pool.collect(futs, cfg.env_timeout_s, self.abandon)
                 env_s = time.perf_counter() - t0
                 for (lv, tr), (status, value) in zip(stepping, results):
                     self._take_step(lv, tr, status, value, turn)
@@ -291,8 +301,8 @@ class AgentLoop:
             for lv in lives:
                 if not lv.done:
                     _finish(lv, "max_turns")
-        finally:
-            self._close_all(pool, lives)
+        finally:  # abandoned: no waiting for envs that may still be in a call
+            self._close_all(pool, lives, 1.0 if self.abandon is not None and self.abandon() else None)
             pool.shutdown()  # no idle threads left behind: the trainer runs the loop thousands of times
 
         total = time.perf_counter() - t_run
@@ -385,9 +395,10 @@ class AgentLoop:
         ep.versions.extend([-1] * len(delta))
         lv.obs = value.observation
 
-    def _close_all(self, pool: EnvCallPool, lives: Sequence[_Live]) -> None:
+    def _close_all(self, pool: EnvCallPool, lives: Sequence[_Live], timeout: float | None = None) -> None:
         with_env = [lv for lv in lives if lv.env is not None]
-        results = pool.collect([pool.submit(lv.env.close) for lv in with_env], min(self.cfg.env_timeout_s, 10.0))
+        timeout = min(self.cfg.env_timeout_s, 10.0) if timeout is None else timeout
+        results = pool.collect([pool.submit(lv.env.close) for lv in with_env], timeout)
         for lv, (status, value) in zip(with_env, results):
             if status is not CallStatus.OK:
                 lv.ep.trajectory.info["close_error"] = "timed out" if status is CallStatus.TIMEOUT else describe_error(value)

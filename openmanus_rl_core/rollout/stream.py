@@ -143,12 +143,14 @@ class GroupStream:
     ``actor``: the actor worker group (methods ``stream_start``, ``stream_submit``, ``stream_take``,
     ``stream_stop``); ``next_tasks()``: the next batch of task rows (the trainer's sampler; each row becomes one
     group of ``n``); ``batch_groups``: B; ``accept(trajectories) -> bool``: the dynamic-sampling filter (None: keep
-    every group); ``max_extra_groups``: how many rejected groups one step may replace before it trains on fewer.
+    every group); ``max_extra_groups``: how many rejected groups one step may replace before it trains on fewer;
+    ``abandon()``: true once the run stops (:class:`~openmanus_rl_core.stopping.Abandoned` is raised).
     """
 
     def __init__(self, actor: Any, cfg: RolloutConfig, next_tasks: Callable[[], list[dict]], batch_groups: int,
                  accept: Callable[[list[Episode]], bool] | None = None, max_extra_groups: int = 0,
-                 expand: Callable[[list[dict], int], list[dict]] | None = None):
+                 expand: Callable[[list[dict], int], list[dict]] | None = None,
+                 abandon: Callable[[], bool] = lambda: False):
         from openmanus_rl_core.rollout.tasks import expand_tasks
 
         self.actor = actor
@@ -161,6 +163,7 @@ class GroupStream:
         self.accept = accept
         self.max_extra_groups = int(max_extra_groups)
         self.expand = expand or expand_tasks
+        self.abandon = abandon  # a stop signal: next_batch gives up (the groups in flight stay in state_dict)
         self.admission = Admission(self.B, self.eta)
         self.queue: list[dict] = []  # task rows drawn from the sampler, not yet admitted
         self.running: dict[str, _Group] = {}
@@ -195,6 +198,10 @@ class GroupStream:
         generated_turns: list[int] = []
         t0 = time.perf_counter()
         while True:
+            if self.abandon():
+                from openmanus_rl_core.stopping import Abandoned
+
+                raise Abandoned("the rollout stream's batch abandoned: the run is stopping")
             if filtered < self.max_extra_groups or filtered == 0:
                 self._admit(version)
             for rank_out in self.actor.call("stream_take", max_wait_s=0.05):

@@ -15,7 +15,7 @@ from openmanus_rl_core.batch import Batch
 from openmanus_rl_core.distributed.fsdp import choose_sharding, gather_full_state
 from openmanus_rl_core.workers.base import Worker
 from openmanus_rl_core.workers.logprobs import sequence_logprobs
-from openmanus_rl_core.workers.rng import saved_generator
+from openmanus_rl_core.workers.rng import capture_worker_rng, restore_worker_rng, saved_generator
 
 
 class ActorWorker(Worker):
@@ -108,16 +108,22 @@ class ActorWorker(Worker):
         samples, so a resumed run samples the same as an uninterrupted one).
         """
         from openmanus_rl_core.rollout import AgentLoop
+        from openmanus_rl_core.stopping import Abandoned, cancelled_call
 
         template, env_factory = self._agent_parts()
         rcfg = dataclasses.replace(self.cfg.rollout, **dict(overrides or {}))
         loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, rcfg, memory=self._memory)
+        loop.abandon = cancelled_call()  # the driver cancels this call when the run stops (stopping.py)
+        rng = capture_worker_rng(self._generators())
         with self.engine_lock:  # a running stream's generation waits (validation, eval)
             try:
                 if keep_rng:
                     with saved_generator(self.engine.generator):
                         return loop.run(tasks)
                 return loop.run(tasks)
+            except Abandoned:  # given up: the RNGs as before it, so a resumed run plays it as an uninterrupted one
+                restore_worker_rng(rng, self._generators())
+                return []
             finally:
                 # Colocated on one device: hand the engine's memory to training until the next generate / weight
                 # push (never while a stream generates with it).

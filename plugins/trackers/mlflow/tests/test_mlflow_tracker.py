@@ -16,8 +16,8 @@ from openmanus_rl_core.plugins import make_plugin_manager
 from openmanus_rl_core.testing import SMALL_RUN
 
 
-def _run(run_dir, loggers: str) -> None:
-    cfg = compose([f"trainer.loggers={loggers}", "actor.lr=0.003", "env=word_copy"])
+def _run(run_dir, loggers: str, *settings: str) -> None:
+    cfg = compose([f"trainer.loggers={loggers}", "actor.lr=0.003", "env=word_copy", *settings])
     pm = make_plugin_manager()
     pm.hook.openmanus_rl_run_start(cfg=cfg, run_dir=str(run_dir))
     pm.hook.openmanus_rl_step_end(step=1, metrics={"train/reward_mean": 0.25, "train/kl": float("nan")})
@@ -44,6 +44,20 @@ def test_a_file_store_run_holds_the_params_the_steps_and_the_final_metrics(tmp_p
     assert run.data.metrics["final/val/success_rate"] == 0.75
     artifact = client.download_artifacts(run.info.run_id, "config.json", str(tmp_path))
     assert json.loads(open(artifact).read())["actor"]["lr"] == 0.003
+
+
+def test_its_settings_name_the_store_and_the_experiment(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-the-variable")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for it with any file store one names
+    store = (tmp_path / "store").as_uri()
+    _run(tmp_path / "run-c", "[mlflow]", f"trainer.tracker_kwargs.mlflow.tracking_uri='{store}'",
+         "trainer.tracker_kwargs.mlflow.experiment=my-runs")
+    assert not (tmp_path / "run-c" / "mlruns").exists()
+    experiment = MlflowClient(tracking_uri=store).get_experiment_by_name("my-runs")
+    (run,) = MlflowClient(tracking_uri=store).search_runs([experiment.experiment_id])
+    assert run.info.run_name == "run-c"
 
 
 def test_not_selected_it_writes_nothing(tmp_path):

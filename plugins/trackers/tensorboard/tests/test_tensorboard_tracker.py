@@ -15,8 +15,8 @@ def _events(folder):
     return acc
 
 
-def _run(run_dir, loggers: str) -> None:
-    cfg = compose([f"trainer.loggers={loggers}", "actor.lr=0.003", "env=word_copy"])
+def _run(run_dir, loggers: str, *settings: str) -> None:
+    cfg = compose([f"trainer.loggers={loggers}", "actor.lr=0.003", "env=word_copy", *settings])
     pm = make_plugin_manager()
     pm.hook.openmanus_rl_run_start(cfg=cfg, run_dir=str(run_dir))
     pm.hook.openmanus_rl_step_end(step=1, metrics={"train/reward_mean": 0.25})
@@ -44,3 +44,13 @@ def test_the_config_text_and_the_hparams_are_in_the_runs_tensorboard_folder(tmp_
 def test_not_selected_it_writes_no_config_or_hparams(tmp_path):
     _run(tmp_path, "[]")
     assert not (tmp_path / "tensorboard").exists()
+
+
+def test_its_settings_turn_the_config_text_or_the_hparams_off(tmp_path):
+    _run(tmp_path / "a", "[tensorboard]", "trainer.tracker_kwargs.tensorboard.hparams=false")
+    acc = _events(tmp_path / "a" / "tensorboard")
+    assert acc.Tags()["tensors"] == ["config/text_summary"] and acc.Tags()["scalars"] == []
+    _run(tmp_path / "b", "[tensorboard]", "trainer.tracker_kwargs.tensorboard.config_text=false")
+    acc = _events(tmp_path / "b" / "tensorboard")
+    assert acc.Tags()["tensors"] == [] and acc.Tags()["scalars"] == ["final/val/success_rate"]
+    assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams")

@@ -3,23 +3,39 @@
 The run lives in ``<run_dir>/wandb/`` and is named after the run directory. Offline by default: nothing leaves the
 machine until ``wandb sync <run_dir>/wandb/offline-run-*``; ``WANDB_MODE=online`` (and ``WANDB_API_KEY``) logs live.
 ``WANDB_PROJECT`` sets the project (default ``openmanus-rl``); W&B reads the other ``WANDB_*`` variables itself.
+Settings (:class:`Kwargs`, checked before the run starts) go at ``trainer.tracker_kwargs.wandb.<name>`` and win
+over the variables.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Optional
 
 from openmanus_rl_core.hookspecs import hookimpl
 from openmanus_rl_core.metrics import config_tree, finite_numbers, logger_selected
+from openmanus_rl_core.plugin_kwargs import tracker_settings
 
 NAME = "wandb"
 PROJECT = "openmanus-rl"
 
 
+@dataclass
+class Kwargs:
+    """``trainer.tracker_kwargs.wandb``: null takes the ``WANDB_*`` variable, then the default named."""
+
+    project: Optional[str] = None  # WANDB_PROJECT, else openmanus-rl
+    entity: Optional[str] = None  # WANDB_ENTITY, else your default entity
+    group: Optional[str] = None  # runs shown together (e.g. the seeds of one setting)
+    mode: Optional[Literal["online", "offline", "disabled"]] = None  # WANDB_MODE, else offline
+
+
 class WandbTracker:
     """One W&B run per training run (``None`` between runs)."""
+
+    Kwargs = Kwargs
 
     def __init__(self) -> None:
         self.run = None
@@ -30,9 +46,10 @@ class WandbTracker:
             return
         import wandb
 
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=Path(run_dir).name,
-                              dir=str(run_dir), config=config_tree(cfg),
-                              mode=os.environ.get("WANDB_MODE", "offline"), reinit="finish_previous")
+        kw = tracker_settings(cfg, NAME, Kwargs)
+        self.run = wandb.init(project=kw.project or os.environ.get("WANDB_PROJECT", PROJECT), entity=kw.entity,
+                              group=kw.group, name=Path(run_dir).name, dir=str(run_dir), config=config_tree(cfg),
+                              mode=kw.mode or os.environ.get("WANDB_MODE", "offline"), reinit="finish_previous")
 
     @hookimpl
     def openmanus_rl_step_end(self, step: int, metrics: dict[str, float]) -> None:

@@ -46,8 +46,8 @@ def _items(items) -> dict:
     return {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
 
 
-def _run(run_dir: Path, loggers: str) -> None:
-    cfg = compose([f"trainer.loggers={loggers}", "actor.lr=0.003", "env=word_copy"])
+def _run(run_dir: Path, loggers: str, *settings: str) -> None:
+    cfg = compose([f"trainer.loggers={loggers}", "actor.lr=0.003", "env=word_copy", *settings])
     pm = make_plugin_manager()
     pm.hook.openmanus_rl_run_start(cfg=cfg, run_dir=str(run_dir))
     pm.hook.openmanus_rl_step_end(step=1, metrics={"train/reward_mean": 0.25, "train/kl": float("nan")})
@@ -81,6 +81,18 @@ def test_an_offline_run_holds_the_config_the_steps_and_the_summary(tmp_path, mon
             summary.update(_items(r.summary.update))
     assert summary["final/val/success_rate"] == 0.75 and summary["final/train/reward_mean"] == 0.5
     assert "exit" in kinds  # the run was finished
+
+
+def test_its_settings_name_the_project_and_the_group(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_PROJECT", "from-the-variable")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run_dir = tmp_path / "run-c"
+    _run(run_dir, "[wandb]", "trainer.tracker_kwargs.wandb.project=my-runs", "trainer.tracker_kwargs.wandb.group=g1",
+         "trainer.tracker_kwargs.wandb.mode=offline")
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    run = next(r.run for r in read_records(path) if r.WhichOneof("record_type") == "run")
+    assert (run.project, run.run_group) == ("my-runs", "g1")  # the setting wins over WANDB_PROJECT
 
 
 def test_not_selected_it_writes_nothing(tmp_path):
