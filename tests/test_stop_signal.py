@@ -46,6 +46,7 @@ def _sigterm_after_step_2(args: list[str], run: Path, cli_env: dict, delay_s: fl
             proc.kill()
 
 
+@pytest.mark.long  # make test sends the signal during a slow rollout instead (the last test here), which checks the same
 def test_sigterm_mid_run_saves_a_checkpoint_and_the_resume_keeps_every_earlier_row(tmp_path, cli_env):
     run = tmp_path / "run"
     args = [CLI, "train", *SMALL, f"trainer.run_dir={run}", "trainer.total_steps=200", "trainer.save_freq=0",
