@@ -86,6 +86,18 @@ def test_the_summary_memory_takes_its_writer_settings_and_passes_the_kit():
         memory(writer="policy", max_summary_tokens=0)
 
 
+def test_the_kit_fails_a_memory_that_asks_for_turns_that_do_not_exist():
+    from openmanus_rl_core.protocols import SummaryRequest
+    from openmanus_rl_core.testing import ConformanceError
+
+    class Greedy(type(memory())):
+        def summary_request(self, system, task, history, summary):
+            return SummaryRequest([{"role": "user", "content": "x"}], len(history) + 1)
+
+    with pytest.raises(ConformanceError, match="covering more turns than the summary does, at most the 0 there are"):
+        check_memory(Greedy(window=WINDOW, max_chars=200, writer="policy"))
+
+
 @pytest.mark.parametrize("mode", ["lockstep", "episodes"])
 def test_a_60_turn_relay_keeps_every_written_summary_within_its_budget_and_never_trains_on_it(relay, mode):
     tok, template, env_factory = relay
