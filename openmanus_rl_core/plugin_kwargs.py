@@ -4,7 +4,8 @@ A plugin's kwargs (``env.kwargs``, ``template.kwargs``, ``allocator.kwargs``, ``
 ``rollout.engine_kwargs``, ``reward.components.<label>.kwargs``) are checked against what the plugin takes:
 
 - its declared kwargs, when the component has a ``Kwargs`` dataclass attribute (names, and types from the field
-  annotations);
+  annotations); the dataclass is then built from them, so its ``__post_init__`` can check values and rules across
+  fields (a ``ValueError`` there is the line, after the key: ``memory.kwargs.<its message>``);
 - else its constructor's (or function's) signature: the parameter names, and the types of annotated parameters.
   A constructor with ``**kwargs`` takes any name.
 
@@ -121,6 +122,13 @@ def check_kwargs(key: str, what: str, factory: Any, kwargs: Mapping[str, Any]) -
         tp, default = names[name]
         if not _fits(value, tp, default):
             raise ConfigError(f"{key}.{name}={_show(value)}: must be {_describe(tp, default)} ({what})")
+    declared = getattr(factory, "Kwargs", None)
+    if dataclasses.is_dataclass(declared):
+        try:
+            declared(**kwargs)
+        except (TypeError, ValueError) as exc:  # a missing required name, or the plugin's own value rules
+            line = str(exc) if str(exc).startswith(key) else f"{key}.{exc}"
+            raise ConfigError(f"{line} ({what})") from None
 
 
 def accepted_kwargs(factory: Any) -> tuple[dict[str, tuple[Any, Any]], bool] | None:

@@ -40,6 +40,8 @@ __all__ = [
     "RolloutEngine",
     "Memory",
     "PastTurn",
+    "Summary",
+    "SummaryRequest",
     "TERMINATIONS",
     "as_text",
 ]
@@ -310,6 +312,23 @@ class PastTurn:
     observation: str
 
 
+@dataclass
+class Summary:
+    """A model-written summary of an episode's earliest turns: ``text`` covers ``history[:turns]``."""
+
+    text: str = ""
+    turns: int = 0
+
+
+@dataclass
+class SummaryRequest:
+    """What a memory asks a writer model: the chat to answer, and how many turns (``history[:turns]``) the answer
+    will summarise."""
+
+    messages: list[dict[str, str]]
+    turns: int
+
+
 @runtime_checkable
 class Memory(Protocol):
     """Decides what context the model sees at each turn.
@@ -319,6 +338,21 @@ class Memory(Protocol):
     reply the loop renders ``messages(...)`` with the tokenizer's chat template (generation prompt added); that
     context is the prompt of the turn's own training sample, cut to the rollout's per-sample token budget
     (oldest past turns dropped first).
+
+    Optional (not part of the runtime check), for a per-turn memory whose context holds a model-written summary:
+
+    - ``summary_tokens: int``: the summary's budget in the run's tokens; absent or 0, the loop never asks for one;
+    - ``summary_engine(tokenizer) -> RolloutEngine | None``: the engine that writes (built once, by the memory);
+      None: the rollout's own engine, i.e. the policy;
+    - ``summary_request(system, task, history, summary) -> SummaryRequest | None``: before a reply, the chat a
+      writer answers to bring ``summary`` (a :class:`Summary`, empty at first) up to date; None: it is;
+    - ``summary_fallback(turns) -> str``: the summary of ``turns`` kept when the writer's reply is unusable (no
+      letter or digit: empty, blank, punctuation only), e.g. a rule-written one;
+    - ``messages(system, task, history, summary=...)`` then receives the episode's :class:`Summary`.
+
+    The loop asks for every episode about to generate in one batched ``generate`` (``max_new_tokens`` = the
+    budget, no stop strings), cuts the text to the budget by tokens, and never trains on it
+    (``rollout/summaries.py``).
     """
 
     per_turn: bool

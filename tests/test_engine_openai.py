@@ -1,7 +1,9 @@
 """The ``openai`` engine (a model served behind an OpenAI-compatible API) against a fake server on a thread:
 requests and sampling settings, the stop string put back, bounded concurrency, retries (500, 429 with Retry-After),
 timeouts (a silent server, a body that never ends), bad answers (not JSON, no choice), a dead port, chat messages
-recovered from the prompt, the key kept out of every file a rollout writes, and ``train`` refusing the engine."""
+recovered from the prompt, the key kept out of every file a rollout writes, a server failing in the middle of a
+rollout (malformed answer, empty choice, 429 with a long Retry-After, a body that never ends: one line, bounded
+time), and ``train`` refusing the engine."""
 
 from __future__ import annotations
 
@@ -220,6 +222,41 @@ def test_rollout_against_a_stopped_server_ends_at_once_with_one_line_naming_the_
     assert len(errors) == 1 and errors[0].startswith(f"error: the served model at {url} does not answer "
                                                      f"(connection refused or reset"), proc.stderr
     assert "Traceback" not in proc.stderr
+    assert elapsed < 10, elapsed
+
+
+@pytest.mark.parametrize("fault, message", [
+    (("raw", b"<html>oops"), "the answer is not JSON: <html>oops"),
+    (("json", {"choices": []}), "the answer has no choice"),
+    (("status", 429, {"Retry-After": "3600"}, "rate limited"), "no answer after 2 attempts; the last: HTTP 429: "
+                                                                "rate limited"),
+    (("trickle", 0.05), "no answer after 2 attempts; the last: timed out"),
+], ids=["malformed", "empty choice", "429 with an hour's Retry-After", "never-ending body"])
+def test_a_server_failing_mid_rollout_ends_the_command_with_one_line_in_bounded_time(model_dir, tmp_path, capsys,
+                                                                                      fault, message):
+    """The first turn is answered; every request of the second turn meets the fault. The command ends (exit 1) with
+    one line naming the URL: at once for an answer retrying cannot fix, after ``max_retries`` for the others (a
+    Retry-After is capped by ``max_backoff_s``, a body by ``timeout_s``), never hanging."""
+    from openmanus_rl_core.cli import main as cli_main
+    from openmanus_rl_core.models import load_tokenizer
+
+    with FakeOpenAI(key_door_oracle(load_tokenizer(str(model_dir)))) as server:
+        server.faults += [None, None] + [fault] * 4  # 2 episodes: turn 0 answered, turn 1 (and its retry) faulty
+        t0 = time.perf_counter()
+        rc = cli_main(["rollout", "env=key_door", f"model.path={model_dir}", "rollout.engine=openai",
+                       f"rollout.engine_kwargs.base_url={server.url}", "rollout.engine_kwargs.model=served",
+                       "rollout.engine_kwargs.max_retries=1", "rollout.engine_kwargs.backoff_s=0.01",
+                       "rollout.engine_kwargs.max_backoff_s=0.2", "rollout.engine_kwargs.timeout_s=0.5",
+                       "rollout.num_tasks=2", "rollout.n=1", "rollout.greedy=true",
+                       f"rollout.output_dir={tmp_path / 'out'}"])
+        elapsed = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert rc == 1 and len(errors) == 1, err
+    assert errors[0].startswith(f"error: {server.url}/completions: ") and message in errors[0], errors[0]
+    assert "Traceback" not in err
+    retried = fault[0] in ("status", "trickle")
+    assert len(server.requests) == 2 + 2 * (2 if retried else 1)  # both turn-1 requests, each retried once or not
     assert elapsed < 10, elapsed
 
 

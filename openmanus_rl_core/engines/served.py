@@ -121,6 +121,8 @@ class OpenAIEngine:
     ``base_url``: the API root (``http://host:8000/v1``); ``model``: the served model's name; ``api_key_env``: the
     name of the environment variable holding the key (null: no key); ``tokenizer``: the run's tokenizer (prompt
     decoding, reply token ids). ``seed`` and ``device`` are accepted for the common engine call and unused.
+    ``settings_key``: where these settings live in the config, for the messages (a memory's writing engine sets
+    its own).
     """
 
     trainable = False  # no weights here and no log-probs guaranteed: `train` refuses this engine
@@ -130,10 +132,10 @@ class OpenAIEngine:
                  api: str = "completions", prompt_as: str = "ids", max_concurrency: int = 8, timeout_s: float = 120.0,
                  connect_timeout_s: float = 5.0, max_retries: int = 3, backoff_s: float = 0.5,
                  max_backoff_s: float = 30.0, extra_body: dict | None = None, check_server: bool = True,
-                 seed: int = 0, device: Any = None):
+                 seed: int = 0, device: Any = None, settings_key: str = "rollout.engine_kwargs"):
         from openmanus_rl_core.config import ConfigError
 
-        where = "rollout.engine_kwargs"
+        where = self.settings_key = settings_key
         if api not in ("completions", "chat"):
             raise ConfigError(f"{where}.api={api}: must be completions or chat")
         if prompt_as not in ("ids", "text"):
@@ -194,10 +196,10 @@ class OpenAIEngine:
             r = self._session().get(url, headers=self._headers(), timeout=self.connect_timeout_s)
         except requests.RequestException as exc:
             raise EngineUnavailableError(f"the served model at {self.base_url} does not answer ({_reason(exc)}); "
-                                         f"start the server or fix rollout.engine_kwargs.base_url") from None
+                                         f"start the server or fix {self.settings_key}.base_url") from None
         if r.status_code in (401, 403):
             raise EngineUnavailableError(f"the served model at {self.base_url} refused the request (HTTP "
-                                         f"{r.status_code}); check the key in rollout.engine_kwargs.api_key_env")
+                                         f"{r.status_code}); check the key in {self.settings_key}.api_key_env")
         if r.status_code != 200:
             return  # some servers have no model listing; the first request tells
         try:
@@ -206,7 +208,7 @@ class OpenAIEngine:
             return
         if names and self.model_name not in names:
             raise EngineUnavailableError(f"the server at {self.base_url} does not serve model {self.model_name!r}; it "
-                                         f"serves {', '.join(names)} (set rollout.engine_kwargs.model)")
+                                         f"serves {', '.join(names)} (set {self.settings_key}.model)")
 
     def _post(self, body: Mapping[str, Any]) -> dict:
         """One request with retries; the parsed JSON answer."""

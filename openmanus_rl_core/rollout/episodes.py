@@ -142,6 +142,7 @@ class EpisodeRunner:
         loop = self.loop
         cap = self.cfg.gen_batch_size or len(self.ready)
         batch = [self.ready.popleft() for _ in range(min(cap, len(self.ready)))]
+        loop._prepare(batch)
         t0 = time.perf_counter()
         gens = loop.engine.generate([loop._prompt(lv) for lv in batch], self.params)
         self.stats["gen_s"] += time.perf_counter() - t0

@@ -31,6 +31,7 @@ With a per-turn :class:`~openmanus_rl_core.protocols.Memory` (any but ``full``),
 ``context_t`` is cut to ``max_sample_tokens - max_new_tokens`` by dropping the oldest past turns the memory sees
 (then, if still too long, keeping its last tokens); ``max_response_tokens`` does not bound such an episode. The
 episode's ``response_ids`` hold the replies back to back, so allocators and ``Turn.span`` work as with ``full``.
+A memory with a model-written summary has it written right before each generate call (``rollout/summaries.py``).
 """
 
 from __future__ import annotations
@@ -47,12 +48,14 @@ from openmanus_rl_core.protocols import (
     RolloutEngine,
     SamplingParams,
     StepResult,
+    Summary,
     Trajectory,
     Turn,
 )
 from openmanus_rl_core.rollout.chat import ChatDelta
 from openmanus_rl_core.rollout.env_pool import CallStatus, EnvCallPool, describe_error
 from openmanus_rl_core.rollout.episode import Episode
+from openmanus_rl_core.rollout.summaries import SummaryWriter, writes_summaries
 from openmanus_rl_core.rollout.tasks import start_task
 from openmanus_rl_core.schema import RolloutConfig
 
@@ -67,7 +70,8 @@ def sampling_params(cfg: RolloutConfig, stop: Sequence[str] = ()) -> SamplingPar
 class _Live:
     """Book-keeping of one episode while it runs."""
 
-    __slots__ = ("ep", "env", "obs", "done", "generation", "system", "task", "history", "turn", "env_s")
+    __slots__ = ("ep", "env", "obs", "done", "generation", "system", "task", "history", "summary", "pending",
+                 "turn", "env_s")
 
     def __init__(self, ep: Episode):
         self.ep = ep
@@ -79,6 +83,8 @@ class _Live:
         self.system = ""
         self.task = ""
         self.history: list[PastTurn] = []
+        self.summary = Summary()  # a model-written summary of the turns before the memory's window
+        self.pending = False  # its next context waits for the summary (built right before generating)
 
 
 def _finish(live: _Live, termination: str, error: str | None = None) -> None:
@@ -111,6 +117,7 @@ class AgentLoop:
         self.chat = ChatDelta(tokenizer)
         self.memory = memory
         self.per_turn = bool(memory is not None and memory.per_turn)
+        self.summaries = SummaryWriter(self) if writes_summaries(memory) else None
         self.stats: dict[str, Any] = {}
         # The policy version (completed optimizer steps) of the engine's weights: every generated token records it.
         self.version = 0
@@ -178,7 +185,8 @@ class AgentLoop:
         limit = cfg.max_sample_tokens - cfg.max_new_tokens
         history = live.history
         for drop in range(len(history) + 1):
-            messages = self.memory.messages(live.system, live.task, history[drop:])
+            messages = (self.memory.messages(live.system, live.task, history[drop:], summary=live.summary)
+                        if self.summaries else self.memory.messages(live.system, live.task, history[drop:]))
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             ids = self.chat.encode(text)
             if len(ids) <= limit:
@@ -224,6 +232,16 @@ class AgentLoop:
             _finish(lv, "env_error", f"env reset timed out after {self.cfg.env_timeout_s:g}s")
         else:
             _finish(lv, "env_error", f"env reset failed: {describe_error(value)}")
+
+    def _prepare(self, lives: Sequence[_Live]) -> None:
+        """Right before generating for ``lives``: write the summaries they wait for, then build their contexts."""
+        waiting = [lv for lv in lives if lv.pending]
+        if not waiting:
+            return
+        self.summaries.write(waiting)
+        for lv in waiting:
+            lv.pending = False
+            self._context(lv)
 
     def _prompt(self, lv: _Live) -> list[int]:
         """The tokens the next reply of ``lv`` continues."""
@@ -276,6 +294,7 @@ class AgentLoop:
                     break
                 self.check_abandon()
                 # ONE batched generate over every live episode.
+                self._prepare(live)
                 t0 = time.perf_counter()
                 prompts = [self._prompt(lv) for lv in live]
                 gens = self.engine.generate(prompts, params)
@@ -379,7 +398,10 @@ class AgentLoop:
             shown = self.tokenizer.decode(obs_ids) if obs_cut else value.observation
             lv.history.append(PastTurn(reply=tr.response, action=tr.action.content, observation=shown))
             lv.obs = value.observation
-            self._context(lv)
+            if self.summaries:
+                lv.pending = True  # the summary is written with the others', right before generating
+            else:
+                self._context(lv)
             return
         delta = self.chat.obs_ids(obs_ids, lv.generation)
         if obs_cut:

@@ -16,7 +16,9 @@ def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None)
     (counts), ``rollout/response_length/{mean,max}``, ``rollout/agent_tokens/mean``, ``rollout/truncated``
     (fraction), ``rollout/env_reward/mean`` and throughput (``rollout/episodes_per_s``, ``rollout/turns_per_s``,
     ``rollout/tokens_per_s`` over generated tokens) when the elapsed time is known (``elapsed_s`` or the
-    ``rollout_time_s`` the loop stores in each trajectory's info).
+    ``rollout_time_s`` the loop stores in each trajectory's info). With a model-written memory summary
+    (rollout/summaries.py): ``rollout/summary_tokens/{mean,max}`` over the summaries written,
+    ``rollout/summary_writes``, ``rollout/summary_fallbacks`` and ``rollout/summary_cut`` (counts).
     """
     n = len(episodes)
     if n == 0:
@@ -40,6 +42,13 @@ def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None)
         out[f"rollout/termination/{reason}"] = float(counts.get(reason, 0))
     for reason, c in counts.items():
         out[f"rollout/termination/{reason}"] = float(c)
+    written = [n for t in trajs for n in t.info.get("summary_tokens", ())]
+    if written:
+        out["rollout/summary_writes"] = float(len(written))
+        out["rollout/summary_tokens/mean"] = sum(written) / len(written)
+        out["rollout/summary_tokens/max"] = float(max(written))
+        out["rollout/summary_fallbacks"] = float(sum(t.info.get("summary_fallbacks", 0) for t in trajs))
+        out["rollout/summary_cut"] = float(sum(t.info.get("summary_cut", 0) for t in trajs))
     if elapsed_s is None:
         times = [t.info.get("rollout_time_s") for t in trajs if t.info.get("rollout_time_s")]
         elapsed_s = max(times) if times else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openmanus_rl_core.protocols import Memory, PastTurn
+from openmanus_rl_core.protocols import Memory, PastTurn, Summary, SummaryRequest
 
 from .common import _fail, hostile_texts
 
@@ -12,7 +12,8 @@ from .common import _fail, hostile_texts
 def check_memory(memory: Any, turns: int = 12) -> None:
     """Check a memory: ``per_turn`` is a bool; ``messages`` returns a chat (role/content str dicts) that opens with
     the system prompt, shows the task, ends with a user message holding the current observation, is the same for
-    the same input and leaves the history untouched; hostile texts never make it raise."""
+    the same input and leaves the history untouched; hostile texts never make it raise. A memory with a model-written
+    summary (``summary_tokens`` > 0) is also checked by :func:`check_summary_members`."""
     if not isinstance(memory, Memory) or not isinstance(memory.per_turn, bool):
         _fail(type(memory).__name__, "does not implement Memory (a bool per_turn, messages(system, task, history))")
     hostile = hostile_texts(2 * turns, seed=1)
@@ -41,3 +42,33 @@ def check_memory(memory: Any, turns: int = 12) -> None:
             _fail(where, "is not deterministic: the same input gave another chat")
     if [(t.reply, t.action, t.observation) for t in history] != before:
         _fail("messages(...)", "changed the history it was given")
+    if getattr(memory, "summary_tokens", 0):
+        check_summary_members(memory, history)
+
+
+def check_summary_members(memory: Any, history: list[PastTurn]) -> None:
+    """The optional summary members: ``summary_request`` asks for turns that exist and none twice, as a chat;
+    ``messages(..., summary=...)`` shows the written summary; ``summary_fallback`` gives a str."""
+    written = Summary()
+    for k in range(len(history) + 1):
+        where = f"summary_request(system, task, history of {k} turns, summary of {written.turns})"
+        request = memory.summary_request("SYSTEM PROMPT", "THE TASK", history[:k], written)
+        if request is None:
+            continue
+        if not isinstance(request, SummaryRequest) or not (written.turns < request.turns <= k):
+            _fail(where, f"must return None or a SummaryRequest covering more turns than the summary does, at most "
+                         f"the {k} there are; got {request!r:.200}")
+        if not request.messages or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                           for m in request.messages):
+            _fail(where, f"the request's messages must be a chat of role/content dicts, got {request.messages!r:.200}")
+        if memory.summary_request("SYSTEM PROMPT", "THE TASK", history[:k],
+                                  Summary("SUMMARY", request.turns)) is not None:
+            _fail(where, "asks again for turns a summary already covers")
+        written = Summary("THE WRITTEN SUMMARY", request.turns)
+        out = memory.messages("SYSTEM PROMPT", "THE TASK", history[:k], summary=written)
+        if not any("THE WRITTEN SUMMARY" in m["content"] for m in out):
+            _fail(f"messages(..., summary=...) after {k} turns", "does not show the written summary")
+        if not isinstance(memory.summary_fallback(history[: request.turns]), str):
+            _fail("summary_fallback(turns)", "must return a str")
+    if written.turns == 0:
+        _fail("summary_request", f"never asked for a summary over {len(history)} turns")
