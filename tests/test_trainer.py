@@ -478,7 +478,9 @@ def test_an_unknown_old_log_probs_mode_is_an_error_naming_the_value(tmp_path):
         Trainer(cfg)
     assert not (tmp_path / "run").exists()  # failed before the run directory was made
 
-@pytest.mark.slow
+
+# make test kills a lockstep run (above) and resumes the stream's own state in test_stream.py; this is both at once
+@pytest.mark.long
 def test_a_stream_run_killed_with_sigkill_resumes_and_keeps_every_metric_before_the_kill(tmp_path, cli_env):
     """The group stream (eta=1, episodes on their own, behind a latency env) killed with kill -9 once step 2's
     checkpoint exists; resume=auto finishes the run. Groups in flight at the save are played again (the stream
