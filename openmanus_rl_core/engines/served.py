@@ -41,7 +41,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -53,6 +53,13 @@ from openmanus_rl_core.protocols import Generation, SamplingParams
 __all__ = ["OpenAIEngine", "ServedModelError", "ChatSplit"]
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+# How a completions request carries the prompt: ``prompt_as`` -> (tokenizer, token ids) -> the body's ``prompt``.
+PROMPT_FORMS: dict[str, Callable[[Any, Sequence[int]], Any]] = {
+    "ids": lambda tokenizer, prompt: [int(t) for t in prompt],
+    "text": lambda tokenizer, prompt: tokenizer.decode(list(prompt), skip_special_tokens=False),
+}
 
 
 class ServedModelError(EngineUnavailableError):
@@ -138,7 +145,7 @@ class OpenAIEngine:
         where = self.settings_key = settings_key
         if api not in ("completions", "chat"):
             raise ConfigError(f"{where}.api={api}: must be completions or chat")
-        if prompt_as not in ("ids", "text"):
+        if prompt_as not in PROMPT_FORMS:
             raise ConfigError(f"{where}.prompt_as={prompt_as}: must be ids or text")
         for key, value, low in (("max_concurrency", max_concurrency, 1), ("max_retries", max_retries, 0)):
             if not isinstance(value, int) or value < low:
@@ -273,10 +280,8 @@ class OpenAIEngine:
             body["stop"] = stops
         if self.chat is not None:
             body["messages"] = self.chat.messages(prompt)
-        elif self.prompt_as == "ids":
-            body["prompt"] = [int(t) for t in prompt]
         else:
-            body["prompt"] = self.tokenizer.decode(list(prompt), skip_special_tokens=False)
+            body["prompt"] = PROMPT_FORMS[self.prompt_as](self.tokenizer, prompt)
         body.update(self.extra_body)
         return body
 
