@@ -115,6 +115,24 @@ def test_a_server_that_does_not_finish_its_answer_times_out_instead_of_hanging(t
         assert time.perf_counter() - t0 < 2.5
 
 
+@pytest.mark.parametrize("command", ["rollout", "eval"])
+def test_the_server_is_checked_before_the_policy_is_loaded(model_dir, tmp_path, capsys, monkeypatch, command):
+    """The preflight: with the server stopped, the error is the server's and the policy (tokenizer, weights) was
+    never loaded."""
+    from openmanus_rl_core.cli import main as cli_main
+    from openmanus_rl_core.commands import from_run
+
+    loads = []
+    monkeypatch.setattr(from_run, "load_policy", lambda *a, **k: loads.append(a))
+    url = _dead_url()
+    rc = cli_main([command, "env=key_door", f"model.path={model_dir}", "rollout.engine=openai",
+                   f"rollout.engine_kwargs.base_url={url}", "rollout.engine_kwargs.model=served"]
+                  + [f"rollout.output_dir={tmp_path / 'out'}"] * (command == "rollout"))
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert (rc, len(errors), loads) == (1, 1, []), errors
+    assert errors[0].startswith(f"error: the served model at {url} does not answer (connection refused"), errors
+
+
 @pytest.mark.parametrize("fault, message", [
     (("raw", b"<html>oops"), "the answer is not JSON: <html>oops"),
     (("json", {"choices": []}), "the answer has no choice"),

@@ -33,6 +33,7 @@ def score(cfg: Any, overrides: Sequence[str] = ()) -> dict:
 
     from openmanus_rl_core.commands.from_run import adopt_run_config, load_policy
     from openmanus_rl_core.data import ensure_task_files, load_tasks, require_tasks
+    from openmanus_rl_core.engines import preflight
     from openmanus_rl_core.envs import open_env_service
     from openmanus_rl_core.registry import build, registry
     from openmanus_rl_core.rewards import RewardComposer
@@ -41,6 +42,7 @@ def score(cfg: Any, overrides: Sequence[str] = ()) -> dict:
     quiet_transformers()
     c, ckpt = adopt_run_config(check(cfg, training=False), overrides, run_validation=True)
     seed_all(c.seed)
+    preflight(c.rollout.engine, c.rollout.engine_kwargs)  # a served model's server answers before anything loads
     # An engine with needs_model=False (a served model) gets the run's tokenizer only, never weights.
     needs_model = getattr(registry("engine").get(c.rollout.engine), "needs_model", True)
     policy = load_policy(c, ckpt, tokenizer_only=not needs_model)

@@ -247,6 +247,7 @@ def rollout(cfg: Any, overrides: Sequence[str] = ()) -> int:
     ended as ``env_error``). ``overrides``: the command line, whose sections win over a checkpoint's run."""
     from openmanus_rl_core.commands.from_run import adopt_run_config
     from openmanus_rl_core.config import ConfigError, check
+    from openmanus_rl_core.engines import preflight
     from openmanus_rl_core.envs import open_env_service
     from openmanus_rl_core.metrics import dated_dir
     from openmanus_rl_core.registry import registry
@@ -265,7 +266,8 @@ def rollout(cfg: Any, overrides: Sequence[str] = ()) -> int:
             raise PermissionError("not writable")
     except OSError as exc:
         raise ConfigError(f"{key}={where}: cannot write the rollout there ({exc.strerror or exc})") from None
-    # The env's servers are checked (or started) before the model is built; envs reach them by URL.
+    # A served model's server, then the env's servers, are checked (or started) before the model is built.
+    preflight(cfg.rollout.engine, cfg.rollout.engine_kwargs)
     service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs)
     cfg.env.kwargs = service.kwargs
     try:

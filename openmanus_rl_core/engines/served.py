@@ -170,7 +170,7 @@ class OpenAIEngine:
         self.timeout_s, self.connect_timeout_s = float(timeout_s), float(connect_timeout_s)
         self.max_retries, self.backoff_s, self.max_backoff_s = int(max_retries), float(backoff_s), float(max_backoff_s)
         self.extra_body = dict(extra_body or {})
-        self.chat = ChatSplit(tokenizer) if api == "chat" else None
+        self.chat = ChatSplit(tokenizer) if api == "chat" and tokenizer is not None else None
         self.url = f"{self.base_url}/{'chat/completions' if api == 'chat' else 'completions'}"
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="omrl-served")
@@ -178,6 +178,12 @@ class OpenAIEngine:
         self.stats = {"requests": 0, "retries": 0}
         if check_server:
             self.check_server()
+
+    @classmethod
+    def preflight(cls, **kwargs: Any) -> None:
+        """The settings and the server, checked before a command loads its tokenizer, tasks or envs: a stopped
+        server ends the command within ``connect_timeout_s`` of its start (``engines.preflight``)."""
+        cls(tokenizer=None, **kwargs).close()
 
     def __repr__(self) -> str:  # never the key
         return f"OpenAIEngine(base_url={self.base_url!r}, model={self.model_name!r}, api={self.api!r})"
