@@ -258,6 +258,67 @@ def test_each_token_records_the_version_that_generated_it_across_a_weight_update
     assert ep.oldest_version == 0 and group_staleness([ep.versions], 2) == 2
 
 
+def _omp_threads():
+    """OpenMP's thread count of the calling thread, read from the libgomp torch loaded (what vLLM's CPU kernels
+    read; torch.get_num_threads() answers from torch's own global and does not show it)."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        paths = sorted({line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line})
+    if not paths:
+        pytest.skip("torch here is not built with OpenMP")
+    return ctypes.CDLL(paths[0]).omp_get_max_threads()
+
+
+def test_the_stream_thread_generates_with_the_ranks_thread_count():
+    """A new thread starts at OMP_NUM_THREADS (Ray sets 1) whatever the rank set; the stream's generation must run
+    at the rank's count (vLLM's CPU attention fails on a mismatch: `thread_num 2 vs 1`)."""
+    import threading
+
+    import torch
+
+    from openmanus_rl_core.models import build_tokenizer
+    from openmanus_rl_core.registry import build, registry
+    from openmanus_rl_core.rollout import AgentLoop
+    from openmanus_rl_core.rollout.stream import RankStream
+    from openmanus_rl_core.testing.envs import _OracleEngine
+
+    tokenizer = build_tokenizer(["open box", "say apple", "The box is open. The note says: apple."] * 5,
+                                vocab_size=300)
+    template = build("template", {"name": "react", "kwargs": {}})
+    envs: list = []
+    seen: list[int] = []
+
+    def factory():
+        envs.append(registry("env").build("key_door"))
+        return envs[-1]
+
+    class Counting(_OracleEngine):
+        def generate(self, prompts, params):
+            seen.append(_omp_threads())
+            return super().generate(prompts, params)
+
+    before = torch.get_num_threads()
+    fresh: list[int] = []  # what a new thread starts with
+    t = threading.Thread(target=lambda: fresh.append(_omp_threads()))
+    t.start(), t.join()
+    rank = fresh[0] + 1
+    torch.set_num_threads(rank)  # the rank's count, set on its main thread as the workers do
+    try:
+        loop = AgentLoop(Counting(tokenizer, template, envs), tokenizer, template, factory,
+                         RolloutConfig(max_new_tokens=64, max_turns=4, mode="episodes"))
+        stream = RankStream(loop, threading.RLock(), lambda: 0)
+        try:
+            stream.submit([[{"task_id": 0, "seed": 0, "group_id": "g0"}]])
+            got = stream.take(max_wait_s=30)
+        finally:
+            stream.stop()
+    finally:
+        torch.set_num_threads(before)
+    assert len(got["groups"]) == 1
+    assert seen and set(seen) == {rank}, (seen, fresh)
+
+
 def test_a_stream_resumed_at_a_later_version_admits_one_window_not_all_earlier_steps():
     """Resumed at version 5 (a checkpoint), the stream admits (eta + 1) * B groups, as at version 0, and nothing it
     trains is staler than eta."""

@@ -248,6 +248,28 @@ def test_state_round_trip_restores_weights_optimizer_and_sampling(actor):
     assert sample_a == sample_b
 
 
+def test_a_resume_trains_at_this_runs_learning_rate_not_the_checkpoints(actor):
+    """The checkpoint's optimizer state holds its own lr; loading it must not undo a changed actor.lr."""
+    state = actor.get_state()
+    configured = actor.optimizer.param_groups[0]["initial_lr"]
+    for group in actor.optimizer.param_groups:  # what the checkpoint holds: a run at 3x this run's rate
+        group["lr"] = group["initial_lr"] = 3 * configured
+    older = actor.get_state()
+    for group in actor.optimizer.param_groups:
+        group["lr"] = group["initial_lr"] = configured
+    try:
+        actor.load_state(older["model"], older["optimizer"], dict(older["scheduler"], base_lrs=[3 * configured]),
+                         older["rng"])
+        factor = actor.scheduler.lr_lambdas[0](actor.scheduler.last_epoch)
+        assert [g["lr"] for g in actor.optimizer.param_groups] == [configured * factor] * len(
+            actor.optimizer.param_groups)
+        batch, _ = _rollout_batch(actor)
+        batch["advantages"] = torch.zeros(batch["response_mask"].shape)
+        assert actor.update(batch, step=3)["actor/lr"] == pytest.approx(configured * factor)
+    finally:
+        actor.load_state(state["model"], state["optimizer"], state["scheduler"], state["rng"])
+
+
 def test_critic_values_start_at_zero_and_regress_towards_the_returns(model_dir, dist_group, actor):
     critic = CriticWorker(_cfg(), rank=0, world_size=1, model_dir=model_dir, total_steps=10)
     critic.setup(*dist_group)

@@ -35,6 +35,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
+
 from openmanus_rl_core.rollout.episode import Episode
 from openmanus_rl_core.rollout.staleness import Admission, group_staleness
 from openmanus_rl_core.schema import RolloutConfig
@@ -73,6 +75,10 @@ class RankStream:
         self.cond = threading.Condition()
         self.error: BaseException | None = None
         self.stopping = threading.Event()
+        # torch's intra-op thread count is per thread: a new thread starts at OMP_NUM_THREADS (Ray sets 1), and
+        # vLLM's CPU attention fails when its metadata and its kernel see different counts. The stream generates
+        # with the rank's own count (trainer.torch_threads).
+        self.torch_threads = torch.get_num_threads()
         self.thread = threading.Thread(target=self._run, name="omrl-stream", daemon=True)
         self.thread.start()
 
@@ -101,6 +107,7 @@ class RankStream:
         self.runner.close()
 
     def _run(self) -> None:
+        torch.set_num_threads(self.torch_threads)
         try:
             while not self.stopping.is_set():
                 while True:

@@ -242,10 +242,17 @@ class Worker:
 
     def load_state(self, model_sd: Mapping, optim_sd: Mapping | None = None, scheduler_sd: Mapping | None = None,
                    rng: Mapping | None = None) -> None:
-        """Load full model (and optimizer, scheduler, RNG) state. A collective."""
+        """Load full model (and optimizer, scheduler, RNG) state. A collective.
+
+        The learning rate stays this run's setting: the checkpoint gives the optimizer's moments and the point of the
+        schedule, not the peak rate, so a resume that changes ``actor.lr`` (announced as a change) trains at it."""
+        peak = [g["initial_lr"] for g in self.optimizer.param_groups]
         load_full_state(self.model, model_sd, self.optimizer if optim_sd is not None else None, optim_sd)
         if scheduler_sd is not None:
             self.scheduler.load_state_dict(dict(scheduler_sd))
+        self.scheduler.base_lrs = peak
+        for group, lr, factor in zip(self.optimizer.param_groups, peak, self.scheduler.lr_lambdas):
+            group["initial_lr"], group["lr"] = lr, lr * factor(self.scheduler.last_epoch)
         if rng is not None:
             restore_worker_rng(rng, self._generators())
         self._weights_loaded(model_sd)
