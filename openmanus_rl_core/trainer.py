@@ -110,7 +110,7 @@ class Trainer:
     def setup(self) -> None:
         import torch
 
-        from openmanus_rl_core.data import TaskSampler, ensure_task_files, load_tasks, require_tasks
+        from openmanus_rl_core.data import load_tasks, require_tasks
         from openmanus_rl_core.envs import EnvErrorWatch, open_env_service
         from openmanus_rl_core.metrics import make_run_dir
         from openmanus_rl_core.model_dir import prepare_model_dir
@@ -119,6 +119,8 @@ class Trainer:
         from openmanus_rl_core.registry import build, registry
         from openmanus_rl_core.resume import resume_point
         from openmanus_rl_core.rewards import RewardComposer
+        from openmanus_rl_core.task_generation import ensure_task_files
+        from openmanus_rl_core.task_sampler import TaskSampler
 
         cfg = self.cfg
         self.t_start = time.perf_counter()
