@@ -71,9 +71,10 @@ def build_inputs(args: argparse.Namespace, work: Path) -> dict:
     from transformers import AutoTokenizer
 
     from openmanus_rl_core.config import load
-    from openmanus_rl_core.data import ensure_task_files, load_tasks
+    from openmanus_rl_core.data import load_tasks
     from openmanus_rl_core.models import load_model_and_tokenizer
     from openmanus_rl_core.registry import build
+    from openmanus_rl_core.task_generation import ensure_task_files
     from openmanus_rl_core.warmup import build_corpus
 
     overrides = _overrides(args)

@@ -41,9 +41,10 @@ def _padded_positions(batch, index) -> int:
 def build_batch_for(env: str, args, work: Path):
     """A per-turn-sample batch of ``env`` and the model folder it was rolled out with."""
     from openmanus_rl_core.config import load
-    from openmanus_rl_core.data import ensure_task_files, load_tasks
+    from openmanus_rl_core.data import load_tasks
     from openmanus_rl_core.models import load_model_and_tokenizer
     from openmanus_rl_core.registry import build
+    from openmanus_rl_core.task_generation import ensure_task_files
     from openmanus_rl_core.rollout import build_batch, expand_tasks
     from openmanus_rl_core.warmup import build_corpus
     from openmanus_rl_core.workers import ActorWorker

@@ -16,7 +16,8 @@ each phase a method of that name::
     phase_sync_weights   new weights gathered and pushed into every rank's rollout engine         timing/sync_weights
 
 then, in :meth:`Trainer.fit`: validation (validation.py), the log (metrics.jsonl, trackers, progress bar, hooks)
-and the checkpoint (trainer_state.py). The supervised warm-up is :func:`openmanus_rl_core.warmup.warm_up`.
+and the checkpoint (trainer_state.py). The supervised warm-up is :func:`openmanus_rl_core.warmup.warm_up`; what a
+run is built from before all that (:meth:`Trainer.setup`) is trainer_setup.py.
 
 The embedded default (``openmanus-rl train`` with no overrides) builds a tiny Qwen2-style model and a tokenizer
 trained on the env's oracle episodes, validates it untrained (step 0), runs a short supervised warm-up on oracle
@@ -26,8 +27,6 @@ demonstrations (``warmup/*`` metrics), then trains with GRPO. The commands are i
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import random
 import time
 from pathlib import Path
@@ -35,12 +34,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from openmanus_rl_core.algorithms.correction import correction_mode
-from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter
 from openmanus_rl_core.config import check
 from openmanus_rl_core.metrics import mean
 from openmanus_rl_core.schema import Config
 from openmanus_rl_core.stopping import Abandoned, StopOnSignal
+from openmanus_rl_core.trainer_setup import setup
 from openmanus_rl_core.trainer_state import restart_workers, restore, save
 from openmanus_rl_core.validation import validate
 from openmanus_rl_core.warmup import warm_up
@@ -108,106 +106,14 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- set-up
     def setup(self) -> None:
-        import torch
-
-        from openmanus_rl_core.data import TaskSampler, ensure_task_files, load_tasks, require_tasks
-        from openmanus_rl_core.envs import EnvErrorWatch, open_env_service
-        from openmanus_rl_core.metrics import make_run_dir
-        from openmanus_rl_core.model_dir import prepare_model_dir
-        from openmanus_rl_core.models import check_model, recipe_line
-        from openmanus_rl_core.plugins import make_plugin_manager
-        from openmanus_rl_core.registry import build, registry
-        from openmanus_rl_core.resume import resume_point
-        from openmanus_rl_core.rewards import RewardComposer
-
-        cfg = self.cfg
-        self.t_start = time.perf_counter()
-        self.seed = cfg.seed
-        seed_all(self.seed)
-        torch.set_num_threads(cfg.trainer.driver_threads or os.cpu_count() or 1)
-        self.total_steps = cfg.trainer.total_steps
-        check_model(cfg.model)  # before anything is created: a bad model or tokenizer is one clear message
-        self.run_dir = make_run_dir(cfg)
-        self.log(recipe_line(cfg))
-        self.resume_path, self._resume_state = resume_point(self.run_dir, cfg.trainer.resume, self.log)
-        if self.resume_path is None or not (self.run_dir / "config.json").exists():  # a resume keeps the record
-            (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
-        self.pm = make_plugin_manager()
-
-        # The env's servers: checked (or started, by this process only) before any model or tokenizer is built.
-        # Every env, here and in the workers, is built from the kwargs the service hands back (servers by URL).
-        self.env_service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs)
-        cfg.env.kwargs = self.env_service.kwargs
-        self.env_errors = EnvErrorWatch(cfg.trainer.max_env_error_steps, self.env_service.check)
-
-        # Task files: configured, or generated into the run directory (deterministic, so a resumed run
-        # regenerates the very same files).
-        data_dir = self.run_dir / "data"
-        train_files, val_files = ensure_task_files(cfg, data_dir)
-        self.train_tasks = load_tasks(train_files)
-        self.val_tasks = load_tasks(val_files)
-        tcfg = cfg.trainer
-        validation = {k: getattr(tcfg, k) for k in ("val_freq", "val_before_train", "val_at_end")}
-        if any(validation.values()):  # an empty set would log val/* as null at every validation, silently
-            settings = " ".join(f"trainer.{k}={v}" for k, v in validation.items())
-            require_tasks(self.val_tasks, val_files, f"the run validates ({settings}); give validation tasks "
-                          f"(data.val_files, or env.val_tasks > 0) or turn validation off (trainer.val_freq=0 "
-                          f"trainer.val_before_train=false trainer.val_at_end=false)")
-        if tcfg.val_max_tasks:
-            self.val_tasks = self.val_tasks[: tcfg.val_max_tasks]
-        self.sampler = TaskSampler(self.train_tasks, cfg.data.train_batch_size, seed=cfg.data.seed,
-                                   shuffle=cfg.data.shuffle)
-
-        # Components used on the driver.
-        self.template = build("template", cfg.template)
-        self.env_factory = lambda: build("env", cfg.env)
-        self.composer = RewardComposer.from_config(cfg.reward.components)
-        self.allocator = build("allocator", cfg.allocator)
-        self.algo = cfg.algorithm
-        self.n = cfg.rollout.n
-        self.estimator = registry("advantage").get(self.algo.adv_estimator)
-        self.use_critic = self.algo.use_critic
-        # Old log-probs of the PPO ratio: auto (recomputed by the actor only when the update is off-policy within
-        # a step), true (always recomputed), false (never), rollout (the engine's sampling log-probs).
-        self.old_log_probs_mode = self.algo.recompute_old_log_probs
-        # Off-policy correction (algorithms/correction.py): tis in the actor's update, which then needs the engine's
-        # log-probs; behaviour takes the PPO ratio against them.
-        self.correction = correction_mode(self.algo, cfg.rollout)
-        filtering = self.algo.filter_groups.enabled
-        self.group_filter = GroupFilter(self.composer, self.algo.filter_groups.metric) if filtering else None
-        extra = self.algo.filter_groups.max_extra_groups
-        self.max_extra_groups = cfg.data.train_batch_size if extra is None else extra
-        self.kl_ctrl = self._kl_controller()
-
-        # The model every worker loads: a local HF folder, or the embedded tiny model built now.
-        self.model_dir, self.tokenizer = prepare_model_dir(cfg, self.run_dir, self.train_tasks, self.env_factory,
-                                                           self.template, self.log)
-        self.pad_token_id = self.tokenizer.pad_token_id
-        self._start_workers()
-
-    def _kl_controller(self):
-        from openmanus_rl_core.algorithms import make_kl_controller
-
-        return make_kl_controller(**dataclasses.asdict(self.algo.kl_ctrl))
+        """Everything the run is built from its config (trainer_setup.py)."""
+        setup(self)
 
     def worker_classes(self) -> tuple[type, type]:
         """The actor and critic worker classes (tests return subclasses that inject faults)."""
         from openmanus_rl_core.workers import ActorWorker, CriticWorker
 
         return ActorWorker, CriticWorker
-
-    def _start_workers(self) -> None:
-        from openmanus_rl_core.distributed.sizing import ensure_ray, start_worker_groups
-
-        self.ray_started = ensure_ray(self.cfg.trainer) or self.ray_started
-        t0 = time.perf_counter()
-        actor_cls, critic_cls = self.worker_classes()
-        self.actor, self.critic = start_worker_groups(self.cfg, actor_cls, critic_cls if self.use_critic else None,
-                                                      self.model_dir, self.total_steps)
-        W, info = self.actor.size, self.actor.setup_info[0]
-        self.log(f"{W} actor worker(s){' + ' + str(W) + ' critic worker(s)' if self.critic else ''} ready on "
-                 f"{info['device']} in {time.perf_counter() - t0:.1f}s; policy parameters: {info['params']:,}; "
-                 f"sharding: {info.get('sharding', 'full')}")
 
     # --------------------------------------------------------------------------------------- rollout
     def _rollout(self, tasks: list[dict], overrides: Mapping[str, Any] | None = None, keep_rng: bool = False):

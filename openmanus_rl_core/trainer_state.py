@@ -84,6 +84,7 @@ def restart_workers(trainer: Any, err: Exception, restarts: int) -> int:
     """
     from openmanus_rl_core.checkpoint import CheckpointError, load_latest_checkpoint
     from openmanus_rl_core.metrics import MetricsLogger
+    from openmanus_rl_core.trainer_setup import start_workers
 
     allowed = trainer.cfg.trainer.max_worker_restarts
     found, why = None, f"trainer.max_worker_restarts={allowed} used up"
@@ -103,7 +104,7 @@ def restart_workers(trainer: Any, err: Exception, restarts: int) -> int:
             g.kill()
     trainer.actor = trainer.critic = None
     trainer.stream = None  # its ranks are gone; the checkpoint's groups are played again
-    trainer._start_workers()
+    start_workers(trainer)
     step = restore(trainer, path, state)
     # The lines logged after that checkpoint are dropped: those steps run again.
     trainer.metrics_logger.close()

@@ -4,7 +4,7 @@ A randomly initialised model almost never emits a well-formed action, so a pure 
 action syntax by chance, and on a reward with partial credit it may find a way to game it instead (see
 DESIGN.md, "Measured facts"). A few seconds of behaviour cloning on correct episodes fixes that. A task row's
 ``demonstration`` (``{"observation": first observation, "steps": [[action, next observation], ...]}``, e.g. read
-from an OpenManus-RL conversation by :mod:`openmanus_rl_core.data`) is used as is; otherwise the env's
+from an OpenManus-RL conversation by :mod:`openmanus_rl_core.openmanus_layout`) is used as is; otherwise the env's
 ``oracle_action()`` (an :class:`~openmanus_rl_core.protocols.OracleEnv`) plays the task; an env without an oracle
 and tasks without demonstrations give no demonstrations (the trainer then skips the warm-up with a notice). The
 template renders each action as a reply, and the model is trained on those replies with the token layout the rollout uses

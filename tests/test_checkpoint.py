@@ -13,7 +13,7 @@ import torch
 from openmanus_rl_core import checkpoint as ck
 from openmanus_rl_core.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_checkpoint,
                                           restore_rng_state, save_checkpoint)
-from openmanus_rl_core.data import TaskSampler
+from openmanus_rl_core.task_sampler import TaskSampler
 
 
 def _state(step: int) -> dict:

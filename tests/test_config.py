@@ -138,7 +138,8 @@ ALIASES = {
     "algorithms": {"cfg": None, "ocfg": (schema.ActorConfig, schema.CriticConfig)},  # cfg: kwargs of an estimator or loss
     "engines": {"cfg": None},  # a Hugging Face model config
     # the trainer's parts outside trainer.py take the trainer
-    **{name: {"trainer.cfg": schema.Config} for name in ("validation.py", "trainer_state.py", "warmup.py")},
+    **{name: {"trainer.cfg": schema.Config}
+       for name in ("validation.py", "trainer_state.py", "warmup.py", "trainer_setup.py")},
 }
 # Fields read as a whole (dataclasses.asdict) by the component they configure, not field by field.
 READ_AS_A_WHOLE = {
@@ -147,7 +148,7 @@ READ_AS_A_WHOLE = {
     "memory": "registry.build('memory', cfg.memory); memory.window reaches the plugin through memory/<name>.yaml",
     "env.max_turns": "the default of rollout.max_turns (${env.max_turns})",
     "model.tiny": "models.load_model_and_tokenizer passes it to build_tiny_model",
-    "algorithm.kl_ctrl": "Trainer._kl_controller passes it to make_kl_controller",
+    "algorithm.kl_ctrl": "trainer_setup.setup passes it to make_kl_controller",
     "algorithm.norm_by_std": "the estimator's kwargs (Trainer.phase_advantages)",
     "algorithm.epsilon": "the estimator's kwargs", "algorithm.step_weight": "the estimator's kwargs",
     "algorithm.gamma": "the estimator's kwargs", "algorithm.lam": "the estimator's kwargs",

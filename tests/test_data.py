@@ -9,9 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from openmanus_rl_core import data
+from openmanus_rl_core import data, openmanus_layout, task_generation, task_sampler
 from openmanus_rl_core.commands.data import make as make_data
-from openmanus_rl_core.data import DataError, TaskSampler, load_tasks, write_tasks
+from openmanus_rl_core.data import DataError, load_tasks, write_tasks
+from openmanus_rl_core.task_sampler import TaskSampler
 
 
 def _write(path, columns: dict) -> str:
@@ -20,6 +21,19 @@ def _write(path, columns: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------ loading
+def test_moved_names_still_import_from_data():
+    """The sampler, generation and OpenManus-layout names moved to modules of their own; plugins import them from
+    ``openmanus_rl_core.data``, which hands out the very same objects."""
+    from openmanus_rl_core.data import OPENMANUS_SCHEMA, TaskSampler as Old, ensure_task_files
+
+    assert Old is task_sampler.TaskSampler and ensure_task_files is task_generation.ensure_task_files
+    assert OPENMANUS_SCHEMA is openmanus_layout.OPENMANUS_SCHEMA
+    assert data.read_openmanus is openmanus_layout.read_openmanus
+    assert data.write_split_files is task_generation.write_split_files
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        data.nope
+
+
 def test_load_documented_columns(tmp_path):
     p = _write(tmp_path / "t.parquet", {
         "env": ["word_copy", "word_copy"], "task_id": pa.array([3, 4], pa.int64()), "seed": pa.array([10, 11], pa.int64()),
@@ -200,7 +214,7 @@ def _seed(split_code, i, data_seed=0):
 
 
 def test_generate_disjoint_ids_when_the_env_has_enough_tasks():
-    train, val = data.generate_tasks("e", 3, 2, seed=0, num_tasks=10)
+    train, val = task_generation.generate_tasks("e", 3, 2, seed=0, num_tasks=10)
     assert [t["task_id"] for t in train] == [0, 1, 2] and [t["task_id"] for t in val] == [3, 4]
     assert [t["seed"] for t in train] == [_seed(0, 0), _seed(0, 1), _seed(0, 2)]
     assert [t["seed"] for t in val] == [_seed(1, 0), _seed(1, 1)]
@@ -208,7 +222,7 @@ def test_generate_disjoint_ids_when_the_env_has_enough_tasks():
 
 
 def test_generate_wraps_ids_and_separates_by_seed_when_the_env_is_small():
-    train, val = data.generate_tasks("e", 5, 3, seed=1, num_tasks=4)
+    train, val = task_generation.generate_tasks("e", 5, 3, seed=1, num_tasks=4)
     assert [t["task_id"] for t in train] == [0, 1, 2, 3, 0] and [t["task_id"] for t in val] == [0, 1, 2]
     assert not {(t["task_id"], t["seed"]) for t in train} & {(t["task_id"], t["seed"]) for t in val}
 
@@ -252,19 +266,19 @@ def test_data_config_defaults_resolve(tmp_path, monkeypatch):
 
 def test_ensure_task_files_generates_only_what_is_missing(tmp_path):
     cfg = _cfg(tmp_path, train_tasks=3, val_tasks=1)
-    train, val = data.ensure_task_files(cfg, tmp_path / "run" / "data")
+    train, val = task_generation.ensure_task_files(cfg, tmp_path / "run" / "data")
     assert train == str(tmp_path / "run" / "data" / "train.parquet") and len(load_tasks(train)) == 3
     assert val == str(tmp_path / "run" / "data" / "val.parquet") and len(load_tasks(val)) == 1
 
     mine = write_tasks(tmp_path / "mine.parquet", [{"task_id": 42, "seed": 0}])
     cfg.data.val_files = str(mine)
-    train2, val2 = data.ensure_task_files(cfg, tmp_path / "run2")
+    train2, val2 = task_generation.ensure_task_files(cfg, tmp_path / "run2")
     assert val2 == str(mine) and not (tmp_path / "run2" / "val.parquet").exists()
     assert (tmp_path / "run2" / "train.parquet").exists()
 
     cfg.data.train_files = [str(tmp_path / "nope.parquet")]
     with pytest.raises(DataError, match=r"data.train_files: .*nope\.parquet: no such file"):
-        data.ensure_task_files(cfg, tmp_path / "run3")
+        task_generation.ensure_task_files(cfg, tmp_path / "run3")
 
 
 def test_make_uses_the_env_num_tasks_from_the_registry(tmp_path, monkeypatch):

@@ -187,10 +187,11 @@ def test_kv_cache_budget(tiny, monkeypatch):
     """CPU: min(fraction x available x share, max_num_seqs x max_model_len x bytes per token), or as set."""
     from vllm.platforms import current_platform
 
+    from openmanus_rl_core.engines.vllm_memory import memory_budget as budget
+
     model, _, _ = tiny
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    budget = VLLMEngine._memory_budget
     per_token = 2 * 2 * 1 * 64 * 4  # K and V x layers x kv heads x head_dim x float32
     capped = budget(current_platform, 0.5, None, model.config, "float32", 256, 8)
     assert capped["kv_cache_bytes"] == 8 * 256 * per_token and capped["share"] == 1.0
@@ -291,16 +292,16 @@ def test_temporary_folders_of_dead_processes_are_removed(tiny):
     from pathlib import Path
 
     model, tok, _ = tiny
-    code = ("import os, signal; from openmanus_rl_core.engines.vllm import _own_tmpdir; print(_own_tmpdir(), "
+    code = ("import os, signal; from openmanus_rl_core.engines.vllm_tmpdir import own_tmpdir; print(own_tmpdir(), "
             "flush=True); os.kill(os.getpid(), signal.SIGKILL)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL
     orphan = Path(proc.stdout.strip())
     assert orphan.is_dir() and orphan.name.startswith("omrl-vllm-")
     live = Path(tempfile.mkdtemp(prefix="omrl-vllm-"))  # no owner in the name: left alone
-    from openmanus_rl_core.engines.vllm import _own_tmpdir, remove_orphaned_tmpdirs
+    from openmanus_rl_core.engines.vllm_tmpdir import own_tmpdir, remove_orphaned_tmpdirs
 
-    mine = Path(_own_tmpdir())  # this (live) process's
+    mine = Path(own_tmpdir())  # this (live) process's
     try:
         eng = VLLMEngine(copy.deepcopy(model), tok, dtype="float32", seed=0, max_model_len=128, enforce_eager=True)
         try:

@@ -139,7 +139,7 @@ def test_a_run_that_does_not_stop_within_the_grace_period_exits_then(monkeypatch
 
 
 def test_an_abandoned_rollout_draws_its_tasks_again_and_a_stopped_validation_keeps_its_step():
-    from openmanus_rl_core.data import TaskSampler
+    from openmanus_rl_core.task_sampler import TaskSampler
     from openmanus_rl_core.stopping import Abandoned
 
     logged = []

@@ -10,7 +10,8 @@ from typing import Any, Mapping
 
 import pyarrow.parquet as pq
 
-from openmanus_rl_core.data import DataError, load_tasks, write_split_files
+from openmanus_rl_core.data import DataError, load_tasks
+from openmanus_rl_core.task_generation import write_split_files
 
 
 def make(cfg: Any) -> int:
@@ -130,7 +131,7 @@ def from_rollouts(cfg: Any) -> int:
     """
     import pyarrow as pa
 
-    from openmanus_rl_core.data import OPENMANUS_SCHEMA
+    from openmanus_rl_core.openmanus_layout import OPENMANUS_SCHEMA
     from openmanus_rl_core.registry import build
 
     if not cfg.data.rollouts:

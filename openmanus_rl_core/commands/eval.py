@@ -32,12 +32,13 @@ def score(cfg: Any, overrides: Sequence[str] = ()) -> dict:
     import torch
 
     from openmanus_rl_core.commands.from_run import adopt_run_config, load_policy
-    from openmanus_rl_core.data import ensure_task_files, load_tasks, require_tasks
+    from openmanus_rl_core.data import load_tasks, require_tasks
     from openmanus_rl_core.engines import preflight
     from openmanus_rl_core.envs import open_env_service
     from openmanus_rl_core.registry import build, registry
     from openmanus_rl_core.rewards import RewardComposer
     from openmanus_rl_core.rollout import AgentLoop, expand_tasks
+    from openmanus_rl_core.task_generation import ensure_task_files
 
     quiet_transformers()
     c, ckpt = adopt_run_config(check(cfg, training=False), overrides, run_validation=True)

@@ -43,9 +43,9 @@ wakes the KV cache, so weights and KV cache are never both resident together wit
 Built from a model object (what the trainer's workers pass): its config, generation config and the tokenizer are
 written to a temporary folder ``<tmp>/omrl-vllm-<pid>-<start>-*`` (``pid`` and start time of the owning process),
 vLLM starts there with ``load_format="dummy"`` (random weights, nothing read), the model's state dict is then pushed
-in memory with :meth:`update_weights`, and the folder is deleted -- also when start-up fails (``finally``). A process
-killed during start-up cannot delete it: every engine start removes the folders whose owner process is gone (no
-such pid, or a pid reused by a process started at another time). Built from a path: vLLM loads it.
+in memory with :meth:`update_weights`, and the folder is deleted -- also when start-up fails (``finally``); every
+engine start removes the folders of processes killed during start-up (:mod:`openmanus_rl_core.engines.vllm_tmpdir`).
+Built from a path: vLLM loads it.
 
 Seeding (why per-request seeds and no chunked prefill): each request gets its own vLLM seed, drawn from this
 engine's ``generator``, so vLLM gives it a private ``torch.Generator`` that advances by one draw per sampled token.
@@ -62,18 +62,8 @@ ever discarded and no offset is ever read. The alternative -- one engine-wide se
 depend on the batch and on the scheduler's state (prefix cache, KV-cache size, preemptions), so a resumed run would
 not sample what the uninterrupted one did.
 
-Memory: the KV cache is sized from this worker's share of its device, divided among the workers that share it,
-and printed at start (``engine.memory`` holds the numbers):
-
-- GPU: vLLM gets ``gpu_memory_utilization x gpu_share`` of the GPU, where ``gpu_share`` is the GPU fraction Ray
-  gave this worker (``trainer.worker_num_gpus``: 1/2 when a critic shares the GPU; 1 outside Ray).
-- CPU: ``kv_cache_bytes = min(gpu_memory_utilization x available memory x cpu_share, need)``, passed to vLLM as
-  ``kv_cache_memory_bytes`` (what ``VLLM_CPU_KVCACHE_SPACE`` sets). ``cpu_share`` = this worker's Ray CPUs / its
-  node's CPUs (1 / ``LOCAL_WORLD_SIZE`` under torchrun; 1 alone). ``need`` = ``max_num_seqs x max_model_len x
-  2 x layers x kv_heads x head_dim x dtype bytes``: more than that can never be used, and the CPU backend zero-fills
-  (commits) the whole cache at start.
-- ``kv_cache_gib`` sets the KV cache explicitly (both devices); an exported ``VLLM_CPU_KVCACHE_SPACE`` (GiB) is
-  respected on the CPU when ``kv_cache_gib`` is not given.
+Memory: the KV cache is sized from this worker's share of its device (:mod:`openmanus_rl_core.engines.vllm_memory`),
+printed at start and kept in ``engine.memory``.
 """
 
 from __future__ import annotations
@@ -82,7 +72,6 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -90,6 +79,8 @@ from typing import Any
 import torch
 
 from openmanus_rl_core.engines import check_prompts
+from openmanus_rl_core.engines.vllm_memory import GiB, engine_arg_exists, memory_budget, vllm_batch_defaults
+from openmanus_rl_core.engines.vllm_tmpdir import own_tmpdir, remove_orphaned_tmpdirs
 from openmanus_rl_core.protocols import Generation, SamplingParams
 
 __all__ = ["VLLMEngine"]
@@ -139,104 +130,10 @@ def _env_hidden(name: str):
             os.environ[name] = saved
 
 
-def _engine_arg_exists(name: str) -> bool:
-    import dataclasses
-
-    from vllm.engine.arg_utils import EngineArgs
-
-    return any(f.name == name for f in dataclasses.fields(EngineArgs))
-
-
 def _dtype_name(dtype: Any) -> str:
     if isinstance(dtype, torch.dtype):
         return str(dtype).replace("torch.", "")
     return str(dtype)
-
-
-_TMP_PREFIX = "omrl-vllm-"
-GiB = 1 << 30
-
-
-def _process_stamp(pid: int) -> int | None:
-    """The start time of process ``pid`` in 1/100 s (None: no such process); with the pid it names one process."""
-    import psutil
-
-    try:
-        return int(psutil.Process(pid).create_time() * 100)
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return None
-
-
-def _own_tmpdir() -> str:
-    """A new temporary folder named after this process (pid and start time), so others can tell when it is dead."""
-    pid = os.getpid()
-    return tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{pid}-{_process_stamp(pid)}-")
-
-
-def remove_orphaned_tmpdirs(root: str | None = None) -> list[str]:
-    """Delete the ``omrl-vllm-<pid>-<start>-*`` folders under ``root`` (default: the temp dir) whose owner is gone.
-
-    A folder's owner is gone when no process has that pid or the pid now belongs to a process started at another
-    time. Folders named otherwise are left alone. Returns the paths removed.
-    """
-    base = Path(root or tempfile.gettempdir())
-    removed = []
-    for path in base.glob(f"{_TMP_PREFIX}*"):
-        parts = path.name[len(_TMP_PREFIX):].split("-")
-        if len(parts) < 3 or not (parts[0].isdigit() and parts[1].isdigit()) or not path.is_dir():
-            continue
-        if _process_stamp(int(parts[0])) != int(parts[1]):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(str(path))
-    return removed
-
-
-def _ray_share(resource: str) -> float | None:
-    """This Ray worker's share of its node's ``resource`` ("CPU" / "GPU" count); None outside a Ray worker."""
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a core dependency
-        return None
-    if not ray.is_initialized():
-        return None
-    ctx = ray.get_runtime_context()
-    mine = float(ctx.get_assigned_resources().get(resource, 0.0))
-    if mine <= 0:
-        return None
-    if resource == "GPU":  # per GPU: a worker holding whole GPUs has all of each
-        return min(1.0, mine)
-    node = next((n for n in ray.nodes() if n.get("NodeID") == ctx.get_node_id()), None)
-    total = float((node or {}).get("Resources", {}).get(resource, 0.0))
-    return min(1.0, mine / total) if total > 0 else None
-
-
-def _kv_bytes_per_token(hf_config: Any, dtype: Any) -> int | None:
-    """``2 x layers x kv_heads x head_dim x dtype bytes`` (K and V of one token); None when the config lacks them."""
-    cfg = getattr(hf_config, "text_config", None) or hf_config
-    layers = getattr(cfg, "num_hidden_layers", None)
-    heads = getattr(cfg, "num_attention_heads", None)
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads if heads else None)
-    if not (layers and kv_heads and head_dim):
-        return None
-    if not isinstance(dtype, torch.dtype):
-        name = str(getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "float32")
-        dtype = dtype if dtype not in (None, "auto") else name
-        dtype = getattr(torch, str(dtype).replace("torch.", ""), torch.float32)
-    return 2 * int(layers) * int(kv_heads) * int(head_dim) * torch.empty(0, dtype=dtype).element_size()
-
-
-def _vllm_batch_defaults() -> tuple[int, int] | None:
-    """vLLM's own ``(max_num_batched_tokens, max_num_seqs)`` for the offline ``LLM`` on this platform."""
-    try:
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.usage.usage_lib import UsageContext
-
-        tokens, seqs = EngineArgs.get_batch_defaults(world_size=1)
-        return int(tokens[UsageContext.LLM_CLASS]), int(seqs[UsageContext.LLM_CLASS])
-    except Exception as exc:  # pragma: no cover - a vLLM without this classmethod
-        log.debug("vLLM batch defaults unavailable: %s", exc)
-        return None
 
 
 class VLLMEngine:
@@ -246,7 +143,7 @@ class VLLMEngine:
     ``transformers`` causal LM object (its current weights are pushed in memory). ``tokenizer``: decodes ``text``
     and names the EOS token (loaded from the folder when omitted). ``gpu_memory_utilization``: vLLM's fraction of
     this worker's share of the device (GPU: weights + KV cache; CPU: the KV cache's fraction of the available
-    memory). ``kv_cache_gib``: the KV cache's size, set explicitly (default: derived; see "Memory" above).
+    memory). ``kv_cache_gib``: the KV cache's size, set explicitly (default: derived; see vllm_memory.py).
     ``enable_sleep_mode``: allow :meth:`sleep`/:meth:`wake_up` where vLLM offers it (GPU). ``dtype``:
     ``"auto"`` = the model's dtype. ``seed``: seeds this engine's generator, which draws one
     vLLM seed per request, so the same seed, weights and prompts give the same samples (``generator`` is a
@@ -328,7 +225,7 @@ class VLLMEngine:
                 raise TypeError(f"VLLMEngine: {type(source).__name__} is neither a path nor a transformers model "
                                 "(it has no .config); pass a Hugging Face folder or a PreTrainedModel")
             # Config + tokenizer only: vLLM starts with dummy weights, the real ones follow in memory.
-            self._tmpdir = _own_tmpdir()
+            self._tmpdir = own_tmpdir()
             path_str = self._tmpdir
             hf_config.save_pretrained(path_str)
             gen_cfg = getattr(source, "generation_config", None)
@@ -362,7 +259,7 @@ class VLLMEngine:
             kwargs["max_model_len"] = int(max_model_len)
         kwargs.update(llm_kwargs)
         kwargs["enable_chunked_prefill"] = False  # see "Seeding" in the module docstring
-        defaults = _vllm_batch_defaults()
+        defaults = vllm_batch_defaults()
         if max_model_len is not None and defaults is not None:
             # Without chunked prefill one step must hold a whole prompt of up to max_model_len tokens.
             kwargs["max_num_batched_tokens"] = max(int(kwargs.get("max_num_batched_tokens") or defaults[0]),
@@ -371,11 +268,11 @@ class VLLMEngine:
         if kv_cache_gib is None and kwargs.get("kv_cache_memory_bytes"):  # vLLM's own name for kv_cache_gib
             kv_cache_gib = int(kwargs["kv_cache_memory_bytes"]) / GiB
         kwargs.pop("kv_cache_memory_bytes", None)
-        self.memory = self._memory_budget(current_platform, float(gpu_memory_utilization), kv_cache_gib,
-                                          hf_config, dtype, max_model_len, max_num_seqs)
+        self.memory = memory_budget(current_platform, float(gpu_memory_utilization), kv_cache_gib,
+                                    hf_config, dtype, max_model_len, max_num_seqs)
         kwargs.update(self.memory["vllm_kwargs"])
         print(f"VLLMEngine memory (pid {os.getpid()}): {self.memory['report']}", flush=True)
-        if not _engine_arg_exists("logprobs_mode"):  # vLLM < 0.10: raw log-probs only
+        if not engine_arg_exists("logprobs_mode"):  # vLLM < 0.10: raw log-probs only
             log.warning("VLLMEngine: this vLLM (%s) has no logprobs_mode; its log-probs ignore the temperature "
                         "(log_softmax(logits)), unlike HFEngine's log_softmax(logits / T)", vllm.__version__)
             kwargs.pop("logprobs_mode", None)
@@ -400,62 +297,6 @@ class VLLMEngine:
         self.calls = 0  # generate() calls so far (metrics, tests)
         if push_state is not None:
             self.update_weights(push_state)
-
-    @staticmethod
-    def _memory_budget(platform, fraction: float, kv_cache_gib: float | None, hf_config: Any, dtype: Any,
-                       max_model_len: int | None, max_num_seqs: int | None) -> dict[str, Any]:
-        """The KV-cache budget of this worker (see "Memory" in the module docstring) and the vLLM arguments for it.
-
-        Returns ``{"device", "share", "kv_cache_bytes" (None: vLLM sizes it from gpu_memory_utilization),
-        "gpu_memory_utilization", "vllm_kwargs", "report"}``.
-        """
-        if not 0 < fraction <= 1:
-            raise ValueError(f"VLLMEngine: gpu_memory_utilization={fraction} must be in (0, 1]")
-        if kv_cache_gib is not None and not float(kv_cache_gib) > 0:
-            raise ValueError(f"VLLMEngine: kv_cache_gib={kv_cache_gib} must be > 0 GiB (or null: derived)")
-        on_cpu = bool(platform.is_cpu())
-        out: dict[str, Any] = {"device": "cpu" if on_cpu else "gpu", "kv_cache_bytes": None}
-        env_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
-        if kv_cache_gib is not None:
-            source = "kv_cache_gib"
-            out["kv_cache_bytes"] = int(float(kv_cache_gib) * GiB)
-        elif on_cpu and env_space.strip():
-            source = "VLLM_CPU_KVCACHE_SPACE"
-            out["kv_cache_bytes"] = int(float(env_space) * GiB)
-        if on_cpu:
-            share = _ray_share("CPU")
-            if share is None:
-                share = 1.0 / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-            out["share"] = share
-            out["gpu_memory_utilization"] = fraction
-            if out["kv_cache_bytes"] is None:
-                import psutil
-
-                available = int(psutil.virtual_memory().available)
-                budget = int(fraction * available * share)
-                per_token = _kv_bytes_per_token(hf_config, dtype)
-                need = per_token * max_model_len * max_num_seqs if per_token and max_model_len and max_num_seqs \
-                    else None
-                out["kv_cache_bytes"] = min(budget, need) if need else budget
-                capped = f", capped at {max_num_seqs} seqs x {max_model_len} tokens" if need and need < budget else ""
-                source = f"{fraction} x {available / GiB:.1f} GiB available x share {share:.3g}{capped}"
-            report = f"CPU KV cache {out['kv_cache_bytes'] / GiB:.3f} GiB ({source})"
-        else:
-            share = _ray_share("GPU") or 1.0
-            out["share"] = share
-            out["gpu_memory_utilization"] = fraction * share
-            report = (f"GPU memory for vLLM {out['gpu_memory_utilization']:.3g} of the GPU (gpu_memory_utilization "
-                      f"{fraction} x this worker's GPU share {share:.3g})")
-            if out["kv_cache_bytes"] is not None:
-                report += f", KV cache {out['kv_cache_bytes'] / GiB:.3f} GiB ({source})"
-        out["vllm_kwargs"] = {"gpu_memory_utilization": out["gpu_memory_utilization"]}
-        if out["kv_cache_bytes"] is not None:
-            if _engine_arg_exists("kv_cache_memory_bytes"):
-                out["vllm_kwargs"]["kv_cache_memory_bytes"] = out["kv_cache_bytes"]
-            elif on_cpu:  # older vLLM: the CPU backend reads whole GiB from the environment only
-                os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(out["kv_cache_bytes"] / GiB)))
-        out["report"] = report
-        return out
 
     def _eos_ids(self, model_eos: Any) -> set[int]:
         ids: set[int] = set()
