@@ -40,6 +40,9 @@ JOBS = {
     "data from-rollouts": "openmanus_rl_core.commands.data:from_rollouts",
 }
 FROM_RUN_COMMANDS = ("eval", "rollout", "export")
+# Commands that train: their config is checked for training, and a resumed run continues its own settings with the
+# command line's changes on top.
+TRAINING_COMMANDS = ("train",)
 
 
 @dataclass(frozen=True)
@@ -137,12 +140,20 @@ def config_options() -> list[dict]:
 
 
 def _plugins(args: argparse.Namespace) -> int:
+    return LISTINGS.get(args.kind, _components)(args)
+
+
+def _options(args: argparse.Namespace) -> int:
+    """``plugins options``: the config group options and the package that ships each."""
+    return _print_table(config_options(), args.json, ["kind", "name", "distribution"])
+
+
+def _components(args: argparse.Namespace) -> int:
+    """``plugins [kind|hooks]``: the entry points of one kind, of the hooks, or (no kind) of all of them."""
     from openmanus_rl_core.plugins import hook_entries
 
-    if args.kind == "options":
-        return _print_table(config_options(), args.json, ["kind", "name", "distribution"])
-    rows = (hook_entries() if args.kind == "hooks" else
-            registry.entries(args.kind) + ([] if args.kind else hook_entries()))
+    sources = {"hooks": hook_entries, None: lambda: registry.entries(None) + hook_entries()}
+    rows = sources.get(args.kind, lambda: registry.entries(args.kind))()
     records = []
     for e in rows:
         problem = e.static_problem()
@@ -156,6 +167,10 @@ def _plugins(args: argparse.Namespace) -> int:
         print(f"no {args.kind or ''} plugins installed".replace("  ", " "))
         return 0
     return _print_table(records, args.json, ["kind", "name", "distribution", "version", "status"])
+
+
+# ``plugins <kind>`` choices that are not a plugin kind, and what lists them.
+LISTINGS = {"options": _options}
 
 
 def _print_table(records: list[dict], as_json: bool, cols: list[str]) -> int:
@@ -178,7 +193,7 @@ def composed(command: str, overrides: Sequence[str]):
 
     check_command_keys(command, overrides)
     cfg = compose(overrides)
-    if command == "train":  # a resumed run continues its own settings, the command line's changes on top
+    if command in TRAINING_COMMANDS:  # a resumed run continues its own settings, the command line's changes on top
         from openmanus_rl_core.resume_config import resumed_config
 
         return resumed_config(cfg, overrides, plain=lambda: compose([]))
@@ -191,7 +206,7 @@ def prepare(command: str, overrides: Sequence[str]):
     from openmanus_rl_core.models import check_model
 
     cfg, changes = composed(command, overrides)
-    typed = check(cfg, training=command == "train")
+    typed = check(cfg, training=command in TRAINING_COMMANDS)
     check_model(typed.model)  # a model or tokenizer that cannot work stops here, before Ray
     # eval, rollout and export take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
     kwargs: dict = {"overrides": list(overrides)} if command in FROM_RUN_COMMANDS else {}
@@ -250,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="openmanus-rl", description="Train LLM agents with reinforcement learning.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plugins", help="list installed plugin components (imports none of them)")
-    p.add_argument("kind", nargs="?", choices=[*KINDS, "hooks", "options"],
+    p.add_argument("kind", nargs="?", choices=[*KINDS, "hooks", *LISTINGS],
                    help="only this kind; `options`: the config group options (env=..., reward=..., +experiment=...) "
                         "and the package that ships each")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -75,9 +75,9 @@ class RankStream:
         self.cond = threading.Condition()
         self.error: BaseException | None = None
         self.stopping = threading.Event()
-        # torch's intra-op thread count is per thread: a new thread starts at OMP_NUM_THREADS (Ray sets 1), and
-        # vLLM's CPU attention fails when its metadata and its kernel see different counts. The stream generates
-        # with the rank's own count (trainer.torch_threads).
+        # OpenMP's thread count is per thread: a new thread starts at OMP_NUM_THREADS (Ray sets 1), and vLLM's CPU
+        # attention fails when its metadata and its kernel see different counts. The stream generates with the
+        # rank's own count (trainer.torch_threads); torch.set_num_threads sets OpenMP's for the calling thread.
         self.torch_threads = torch.get_num_threads()
         self.thread = threading.Thread(target=self._run, name="omrl-stream", daemon=True)
         self.thread.start()
