@@ -36,6 +36,7 @@ __all__ = [
     "transposed_modules",
     "check_model",
     "ModelError",
+    "cache_keyword",
 ]
 
 ENDOFTEXT = "<|endoftext|>"
@@ -403,6 +404,15 @@ def merge_lora_state(state_dict: Mapping[str, Any], scaling: float,
                 value = (value.float() + float(scaling) * delta.to(value.device)).to(value.dtype)
         out[name] = value
     return out
+
+
+def cache_keyword(model: Any) -> str:
+    """The KV-cache argument (and output field) of a causal LM's forward: ``cache`` in newer transformers, where
+    ``past_key_values`` is deprecated; ``past_key_values`` before. A PEFT wrapper is looked through."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def recipe_line(cfg: Any) -> str:

@@ -12,14 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from openmanus_rl_core.workers import ActorWorker
 from openmanus_rl_core.workers import base as worker_base
 from openmanus_rl_core.workers import microbatch
 from openmanus_rl_core.workers.microbatch import plan_micro_batches, row_extents, trim_columns
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from uneven_update import flat_params, sgd_like_overrides, uneven_batch  # noqa: E402
+from uneven_update import flat_params, one_rank_worker, save_small_model, sgd_like_overrides, uneven_batch  # noqa: E402
 
 METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm")
 
@@ -69,15 +68,7 @@ def test_trimming_cuts_only_columns_that_are_padding_in_every_row():
 # --------------------------------------------------------------------------------------- one rank, in process
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.schema import ModelConfig, TinyModelConfig
-
-    d = tmp_path_factory.mktemp("model")
-    corpus = ["Say: apple", "<action>apple</action>", "Say: bird", "<action>bird</action>"] * 3
-    tiny = TinyModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                           intermediate_size=64, initializer_range=0.1)
-    load_model_and_tokenizer(ModelConfig(tiny=tiny), corpus, save_dir=d)
-    return str(d)
+    return save_small_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")
@@ -85,13 +76,7 @@ def group(dist_group):
     return dist_group
 
 
-def _worker(model_dir, group, *overrides) -> ActorWorker:
-    from openmanus_rl_core.config import load
-
-    w = ActorWorker(load(sgd_like_overrides() + list(overrides), training=False), rank=0, world_size=1,
-                    model_dir=model_dir, total_steps=10)
-    w.setup(*group)
-    return w
+_worker = one_rank_worker
 
 
 @pytest.fixture(scope="module")

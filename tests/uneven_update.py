@@ -1,8 +1,8 @@
 """A training batch with very uneven row lengths, and one policy update on it by a group of ranks.
 
-    python tests/uneven_update.py MODEL_DIR OUT_DIR RANKS SHARDING[,SHARDING...] [override ...]
+    python tests/uneven_update.py MODEL_DIR OUT_DIR RANKS SHARDING[,SHARDING...] [--group N] [override ...]
 
-runs ``RANKS`` processes; for each ``actor.sharding`` choice in turn they form a gloo group, build an
+runs ``RANKS`` processes (``--group N``: the batch's rows share prompts in groups of N); for each ``actor.sharding`` choice in turn they form a gloo group, build an
 :class:`ActorWorker` with the overrides, and make one update on their share of :func:`uneven_batch`; rank 0 saves
 the parameter change and the metrics to ``OUT_DIR/<choice>.pt``. One launch for every choice: the processes and
 their imports are paid once.
@@ -17,20 +17,24 @@ import torch
 from openmanus_rl_core.batch import Batch
 
 
-def uneven_batch(vocab: int, rows: int = 16, seed: int = 0, pad: int = 0) -> Batch:
+def uneven_batch(vocab: int, rows: int = 16, seed: int = 0, pad: int = 0, group: int = 1) -> Batch:
     """``rows`` rows whose prompts (2-48 tokens) and responses (1-80 positions) differ by an order of magnitude;
     each response has an observation span (attended, mask 0). Advantages are random; no old log-probs (an
-    on-policy update)."""
+    on-policy update). ``group``: consecutive rows in groups of this size share their first row's prompt (a GRPO
+    group's samples), each with its own response."""
     g = torch.Generator().manual_seed(seed)
     plen = torch.randint(2, 49, (rows,), generator=g)
     rlen = torch.randint(1, 81, (rows,), generator=g)
     plen[0], rlen[1] = 48, 80  # the layout's P and R are the longest prompt and response
+    plen = plen[torch.arange(rows) // group * group]
     P, R = int(plen.max()), int(rlen.max())
     ids = torch.full((rows, P + R), pad, dtype=torch.long)
     attn = torch.zeros((rows, P + R), dtype=torch.long)
     mask = torch.zeros((rows, R))
     for i, (p, r) in enumerate(zip(plen.tolist(), rlen.tolist())):
         ids[i, P - p:P + r] = torch.randint(1, vocab, (p + r,), generator=g)
+        if i % group:
+            ids[i, :P] = ids[i - i % group, :P]
         attn[i, P - p:P + r] = 1
         mask[i, :r] = 1
         if r > 6:  # an observation inside the response: attended, not trained
@@ -40,6 +44,29 @@ def uneven_batch(vocab: int, rows: int = 16, seed: int = 0, pad: int = 0) -> Bat
                            "response_mask": mask})
     batch["advantages"] = torch.randn((rows, R), generator=g) * mask
     return batch
+
+
+def save_small_model(folder) -> str:
+    """A tiny Qwen2 (32 wide) and its tokenizer saved in ``folder``; returns the folder."""
+    from openmanus_rl_core.models import load_model_and_tokenizer
+    from openmanus_rl_core.schema import ModelConfig, TinyModelConfig
+
+    corpus = ["Say: apple", "<action>apple</action>", "Say: bird", "<action>bird</action>"] * 3
+    tiny = TinyModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                           intermediate_size=64, initializer_range=0.1)
+    load_model_and_tokenizer(ModelConfig(tiny=tiny), corpus, save_dir=folder)
+    return str(folder)
+
+
+def one_rank_worker(model_dir: str, group: tuple, *overrides: str):
+    """An in-process :class:`ActorWorker` of one rank on ``group`` (address, port), with the SGD-like overrides."""
+    from openmanus_rl_core.config import load
+    from openmanus_rl_core.workers import ActorWorker
+
+    w = ActorWorker(load(sgd_like_overrides() + list(overrides), training=False), rank=0, world_size=1,
+                    model_dir=model_dir, total_steps=10)
+    w.setup(*group)
+    return w
 
 
 def sgd_like_overrides() -> list[str]:
@@ -55,7 +82,7 @@ def flat_params(worker) -> torch.Tensor:
 
 
 def _rank(rank: int, world: int, model_dir: str, out: str, ports: list[int], choices: list[str],
-          overrides: list[str]) -> None:
+          overrides: list[str], group: int) -> None:
     from openmanus_rl_core.config import load
     from openmanus_rl_core.distributed.sharding import shard_batch
     from openmanus_rl_core.workers import ActorWorker
@@ -64,7 +91,7 @@ def _rank(rank: int, world: int, model_dir: str, out: str, ports: list[int], cho
         cfg = load(sgd_like_overrides() + [f"actor.sharding={choice}"] + overrides, training=False)
         w = ActorWorker(cfg, rank=rank, world_size=world, model_dir=model_dir, total_steps=10)
         info = w.setup("127.0.0.1", port)
-        batch = uneven_batch(len(w.tokenizer), pad=w.tokenizer.pad_token_id)
+        batch = uneven_batch(len(w.tokenizer), pad=w.tokenizer.pad_token_id, group=group)
         shards, _ = shard_batch(batch, world)
         before = flat_params(w)
         metrics = w.update(shards[rank], step=1)
@@ -81,13 +108,16 @@ def main(argv: list[str]) -> None:
 
     model_dir, out, world, choices, *overrides = argv
     choices = choices.split(",")
+    group = 1
+    if overrides[:1] == ["--group"]:
+        group, overrides = int(overrides[1]), overrides[2:]
     sockets = [socket.socket() for _ in choices]
     for s in sockets:  # held together, so the ports differ
         s.bind(("127.0.0.1", 0))
     ports = [s.getsockname()[1] for s in sockets]
     for s in sockets:
         s.close()
-    mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides), nprocs=int(world), join=True)
+    mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides, group), nprocs=int(world), join=True)
 
 
 if __name__ == "__main__":

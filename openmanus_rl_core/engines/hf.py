@@ -31,7 +31,9 @@ from typing import Any
 import torch
 
 from openmanus_rl_core.engines import check_prompts
+from openmanus_rl_core.models import cache_keyword
 from openmanus_rl_core.protocols import Generation, SamplingParams
+from openmanus_rl_core.shared_prompt import distinct_rows
 
 __all__ = ["HFEngine", "filter_logits"]
 
@@ -65,13 +67,6 @@ class HFEngine:
     generating (restored afterwards); None leaves torch's setting. For a tiny model on a CPU, 1 is often several
     times faster than more (each decoding step is too small to split, and threads spin-wait on a busy machine).
     """
-
-    def _cache_keyword(self) -> str:
-        """The KV-cache argument (and output field) of the model's forward: ``cache`` in newer transformers, where
-        ``past_key_values`` is deprecated; ``past_key_values`` before."""
-        import inspect
-
-        return "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
     def __init__(self, model: Any, tokenizer: Any, device: str | torch.device = "cpu", seed: int = 0,
                  num_threads: int | None = None):
@@ -195,18 +190,23 @@ class HFEngine:
         rows = list(range(B))  # batch row -> output index, for the live rows
         cache = DynamicCache()
         step_input, step_pos = input_ids, position_ids
-        cache_kw = self._cache_keyword()
+        cache_kw = cache_keyword(self.model)
+        shared = distinct_rows(torch.cat([input_ids, attn], dim=1))  # a group's samples share their prompt
         for step in range(max_new):
+            first = shared[0] if step == 0 and shared is not None else slice(None)  # the prefill: distinct rows
             out = self.model(
-                input_ids=step_input,
-                attention_mask=attn,
-                position_ids=step_pos,
+                input_ids=step_input[first],
+                attention_mask=attn[first],
+                position_ids=step_pos[first],
                 use_cache=True,
                 logits_to_keep=1,
                 **{cache_kw: cache},
             )
             cache = getattr(out, cache_kw)
             logits = out.logits[:, -1, :].float()
+            if step == 0 and shared is not None:  # each sample gets its prompt's cache rows and logits
+                cache.batch_select_indices(shared[1])
+                logits = logits.index_select(0, shared[1])
             z = logits / temperature
             logp = torch.log_softmax(z, dim=-1)
             if greedy:

@@ -160,16 +160,18 @@ class ActorWorker(Worker):
         out: dict[str, torch.Tensor] = {}
         batch = batch.to(self.device)
         limits = (self.optim_cfg.log_prob_micro_batch_size, self.optim_cfg.log_prob_max_tokens_per_micro_batch)
-        pack = self.optim_cfg.pack_rows
+        pack, share = self.optim_cfg.pack_rows, self.optim_cfg.share_prompts
         if with_old:
             self.model.eval()
             out["old_log_probs"] = self._forward_rows(
-                batch, lambda mb: sequence_logprobs(self.model, mb, self.temperature, pack=pack)[0], *limits).cpu()
+                batch, lambda mb: sequence_logprobs(self.model, mb, self.temperature, pack=pack,
+                                                    share_prompts=share)[0], *limits).cpu()
             self.model.train()
             self.sharding.after_step(self.model)
         if with_ref and self.ref is not None:
             out["ref_log_probs"] = self._forward_rows(
-                batch, lambda mb: sequence_logprobs(self.ref, mb, self.temperature, pack=pack)[0], *limits).cpu()
+                batch, lambda mb: sequence_logprobs(self.ref, mb, self.temperature, pack=pack,
+                                                    share_prompts=share)[0], *limits).cpu()
         return out
 
     # ---------------------------------------------------------------------------------------------- update
@@ -197,7 +199,8 @@ class ActorWorker(Worker):
 
         def part_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
             logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True,
-                                              pack=self.optim_cfg.pack_rows)
+                                              pack=self.optim_cfg.pack_rows,
+                                              share_prompts=self.optim_cfg.share_prompts)
             mask = part["response_mask"]
             old = part["old_log_probs"] if "old_log_probs" in part else logp.detach()
             adv, corr = part["advantages"], {}

@@ -13,6 +13,7 @@ def sequence_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     pack: bool = False,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the response tokens under ``model`` (see the module docstring for the layout).
 
@@ -24,12 +25,20 @@ def sequence_logprobs(
     ``pack``: no padding at all. The rows' real tokens are concatenated into one sequence whose position ids restart
     at 0 for each row, with no attention mask: transformers then masks attention to each row's own tokens (its
     packed-sequence masks for sdpa/eager; flash-attention varlen on GPU).
+
+    ``share_prompts``: rows whose prompt part is the same (a GRPO group's samples) run it once
+    (:mod:`openmanus_rl_core.shared_prompt`); not with ``pack``, nor with gradient checkpointing (which turns the
+    KV cache off).
     """
     from openmanus_rl_core.workers.microbatch import pad_columns, trim_columns
 
     small, R = trim_columns(batch)
     pack = pack and bool(small["attention_mask"].any())  # rows of padding only: nothing to pack
-    logp, entropy = (_packed_logprobs if pack else _logprobs)(model, small, temperature, with_entropy)
+    shared = _shared_prompts(model, small) if share_prompts and not pack else None
+    if shared is not None:
+        logp, entropy = _shared_prompt_logprobs(model, small, temperature, with_entropy, shared)
+    else:
+        logp, entropy = (_packed_logprobs if pack else _logprobs)(model, small, temperature, with_entropy)
     real = batch["attention_mask"][:, -R:].to(logp.dtype) if R else None  # 0 on padding, however rows are grouped
     logp = pad_columns(logp, R) * real if R else logp
     if entropy is not None and R:
@@ -38,8 +47,6 @@ def sequence_logprobs(
 
 
 def _logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool):
-    from openmanus_rl_core.algorithms import entropy_from_logits
-
     responses = batch["responses"]
     R = responses.shape[1]
     out = model(
@@ -49,20 +56,58 @@ def _logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_ent
         use_cache=False,
         logits_to_keep=R + 1,
     )
-    logits = out.logits[:, -R - 1:-1, :].float()
+    return _response_logprobs(out.logits[:, -R - 1:-1, :], responses, temperature, with_entropy)
+
+
+def _response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperature: float, with_entropy: bool):
+    """``(logp, entropy)`` of ``responses`` [B, R] from the logits that predict them [B, R, V]."""
+    from openmanus_rl_core.algorithms import entropy_from_logits
+
+    logits = logits.float()
     if temperature and temperature > 0 and temperature != 1.0:
         logits = logits / float(temperature)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     entropy = entropy_from_logits(logits) if with_entropy else None
     return logp, entropy
 
 
+def _shared_prompts(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first, which)`` of the rows' prompt parts (:func:`~openmanus_rl_core.shared_prompt.distinct_rows`), or
+    None when no two rows share one or the model recomputes activations (gradient checkpointing: no KV cache)."""
+    from openmanus_rl_core.shared_prompt import distinct_rows
+
+    P = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+    if P == 0 or any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+        return None
+    attn = batch["attention_mask"][:, :P]
+    return distinct_rows(torch.cat([batch["input_ids"][:, :P] * attn, attn, batch["position_ids"][:, :P]], dim=1))
+
+
+def _shared_prompt_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool,
+                            shared: tuple[torch.Tensor, torch.Tensor]):
+    """As :func:`_logprobs`, with each distinct prompt run once: its KV cache and last logits are repeated for the
+    rows that share it (``shared = (first, which)``), then the responses run on that cache."""
+    from openmanus_rl_core.models import cache_keyword
+
+    first, which = shared
+    ids, attn, pos, responses = (batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses"))
+    R = responses.shape[1]
+    P = ids.shape[1] - R
+    kw = cache_keyword(model)
+    head = model(input_ids=ids[first, :P], attention_mask=attn[first, :P], position_ids=pos[first, :P],
+                 use_cache=True, logits_to_keep=1)
+    logits = head.logits[:, -1:, :].index_select(0, which)  # predicts each row's first response token
+    if R > 1:  # the last response token predicts nothing: the rest runs on columns [P, P + R - 1)
+        cache = getattr(head, kw)
+        cache.batch_select_indices(which)
+        tail = model(input_ids=ids[:, P:-1], attention_mask=attn[:, :-1], position_ids=pos[:, P:-1],
+                     use_cache=True, **{kw: cache})
+        logits = torch.cat([logits, tail.logits], dim=1)
+    return _response_logprobs(logits, responses, temperature, with_entropy)
+
 
 def _packed_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool):
     """As :func:`_logprobs`, on the rows packed into one sequence ``[1, sum of row lengths]``."""
-    from openmanus_rl_core.algorithms import entropy_from_logits
-
     responses = batch["responses"]
     R = responses.shape[1]
     real = batch["attention_mask"].bool()
@@ -71,9 +116,4 @@ def _packed_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, w
     # Where each (row, column) sits in the packed sequence; response token t is predicted one position earlier.
     where = real.flatten().long().cumsum(0).view_as(real) - 1
     at = (where[:, -R:] - 1).clamp_min(0)
-    logits = out.logits[0][at].float()  # [B, R, V]
-    if temperature and temperature > 0 and temperature != 1.0:
-        logits = logits / float(temperature)
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    entropy = entropy_from_logits(logits) if with_entropy else None
-    return logp, entropy
+    return _response_logprobs(out.logits[0][at], responses, temperature, with_entropy)  # [B, R, V]

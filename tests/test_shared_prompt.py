@@ -1,0 +1,151 @@
+"""Shared prompts (openmanus_rl_core/shared_prompt.py): a prompt several rows share runs once, in the engine's
+prefill and in the actor's log-probs and update, and the results equal those of the rows run one by one; a slip
+in which rows share which prompt shows."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from openmanus_rl_core import shared_prompt
+from openmanus_rl_core.engines import hf as hf_engine
+from openmanus_rl_core.shared_prompt import distinct_rows
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from uneven_update import flat_params, one_rank_worker, save_small_model, uneven_batch  # noqa: E402
+
+METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm")
+
+
+def test_distinct_rows_numbers_rows_by_first_appearance():
+    x = torch.tensor([[5, 1], [2, 2], [5, 1], [0, 9], [2, 2]])
+    first, which = distinct_rows(x)
+    assert first.tolist() == [0, 1, 3] and which.tolist() == [0, 1, 0, 2, 1]
+    assert torch.equal(x[first][which], x)
+    assert distinct_rows(torch.tensor([[1, 2], [2, 1], [1, 3]])) is None  # nothing shared
+    assert distinct_rows(torch.tensor([[1, 2]])) is None
+
+
+# --------------------------------------------------------------------------------------- the actor, in process
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_small_model(tmp_path_factory.mktemp("model"))
+
+
+_worker = one_rank_worker
+
+
+@pytest.fixture(scope="module")
+def batch(model_dir, dist_group):
+    """16 rows of very uneven lengths in 4 groups of 4 that share a prompt, with old log-probs near the current
+    ones (so the PPO clip acts on some tokens)."""
+    w = _worker(model_dir, dist_group, "actor.share_prompts=false")
+    b = uneven_batch(len(w.tokenizer), rows=16, pad=w.tokenizer.pad_token_id, group=4)
+    now = w.compute_log_probs(b, with_ref=False)["old_log_probs"]
+    b["old_log_probs"] = (now + 0.3 * torch.randn(now.shape, generator=torch.Generator().manual_seed(5))) \
+        * b["response_mask"]
+    return b
+
+
+def _rows_per_forward(model) -> list[int]:
+    """Record the batch size of every forward pass of ``model`` (a list that fills as it runs)."""
+    seen: list[int] = []
+    model.register_forward_pre_hook(lambda mod, args, kwargs: seen.append(kwargs["input_ids"].shape[0]),
+                                    with_kwargs=True)
+    return seen
+
+
+def _gaps(model_dir, dist_group, batch, *extra) -> tuple[float, float, float, list[int]]:
+    """(log-prob gap, parameter-change gap, metric gap, rows per forward pass of the shared run) between
+    ``actor.share_prompts=false`` and ``true``, both with ``extra``."""
+    out = []
+    for share in ("false", "true"):
+        w = _worker(model_dir, dist_group, f"actor.share_prompts={share}", *extra)
+        rows = _rows_per_forward(w.model)
+        logp = w.compute_log_probs(batch, with_ref=False)["old_log_probs"]
+        before = flat_params(w)
+        metrics = w.update(batch, step=1)
+        out.append((logp, flat_params(w) - before, metrics, rows))
+    (lp0, d0, m0, _), (lp1, d1, m1, rows) = out
+    assert float(d0.abs().max()) > 1e-3 and lp0.shape == batch["responses"].shape
+    return (float((lp1 - lp0).abs().max()), float((d1 - d0).abs().max()),
+            max(abs(m1[k] - m0[k]) for k in METRICS), rows)
+
+
+def test_the_shared_prompt_log_probs_and_update_equal_the_rows_run_one_by_one(model_dir, dist_group, batch):
+    logp_gap, grad_gap, metric_gap, rows = _gaps(model_dir, dist_group, batch)
+    assert logp_gap < 1e-5 and grad_gap < 1e-5 and metric_gap < 1e-5, (logp_gap, grad_gap, metric_gap)
+    # Each pass (the old log-probs, then the update) runs the 4 distinct prompts, then the 16 responses.
+    assert rows == [4, 16, 4, 16]
+
+
+def test_shared_prompts_under_a_token_budget_equal_the_rows_run_one_by_one(model_dir, dist_group, batch):
+    """Rows sorted by length split the groups across micro-batches: what is shared is shared within each."""
+    budget = ("actor.max_tokens_per_micro_batch=300", "actor.log_prob_max_tokens_per_micro_batch=300")
+    logp_gap, grad_gap, metric_gap, rows = _gaps(model_dir, dist_group, batch, *budget)
+    assert logp_gap < 1e-5 and grad_gap < 1e-5 and metric_gap < 1e-5, (logp_gap, grad_gap, metric_gap)
+    assert len(rows) > 4  # several micro-batches
+
+
+def test_a_row_given_another_groups_prompt_fails_the_equality(model_dir, dist_group, batch, monkeypatch):
+    def slipped(x):  # every row reads the next group's prompt
+        found = distinct_rows(x)
+        return None if found is None else (found[0], (found[1] + 1) % len(found[0]))
+
+    monkeypatch.setattr(shared_prompt, "distinct_rows", slipped)
+    logp_gap, grad_gap, metric_gap, _ = _gaps(model_dir, dist_group, batch)
+    assert logp_gap > 0.1 and grad_gap > 1e-4 and metric_gap > 1e-4, (logp_gap, grad_gap, metric_gap)
+
+
+def test_the_sharding_choices_with_shared_prompts_equal_the_rows_run_one_by_one(model_dir, tmp_path):
+    """Two gloo ranks: FSDP2 full shard runs the prompts and the responses as two forward passes before one
+    backward. Both choices with shared prompts against the update of the same rows run one by one."""
+    def launch(name: str, *extra: str) -> dict:
+        out = tmp_path / name
+        out.mkdir()
+        proc = subprocess.run([sys.executable, str(HERE / "uneven_update.py"), model_dir, str(out), "2",
+                               "full,replicate", "--group", "4", *extra], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return {choice: torch.load(out / f"{choice}.pt") for choice in ("full", "replicate")}
+
+    reference = launch("alone", "actor.share_prompts=false")["full"]
+    assert float(reference["delta"].abs().max()) > 1e-3
+    for name, result in launch("shared").items():
+        assert result["sharding"].startswith(name)
+        gap = float((result["delta"] - reference["delta"]).abs().max())
+        assert gap < 1e-5, (name, gap)
+        for k in METRICS:
+            assert result["metrics"][k] == pytest.approx(reference["metrics"][k], abs=1e-5), (name, k)
+
+
+# ------------------------------------------------------------------------------------------------- the engine
+def test_the_engine_prefills_each_distinct_prompt_once_and_samples_the_same(model_dir, monkeypatch):
+    from openmanus_rl_core.models import load_model_and_tokenizer
+    from openmanus_rl_core.protocols import SamplingParams
+    from openmanus_rl_core.schema import ModelConfig
+
+    model, tok = load_model_and_tokenizer(ModelConfig(path=model_dir), [])
+    prompts = [tok("Say: apple")["input_ids"]] * 3 + [tok("Say: bird, then apple")["input_ids"]] * 5
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0)
+
+    def run():
+        engine = hf_engine.HFEngine(model, tok, seed=11)
+        rows = _rows_per_forward(engine.model)
+        gens = engine.generate(prompts, params)
+        rows[:] = rows[:1]  # the prefill
+        return gens, rows
+
+    shared, rows = run()
+    assert rows == [2]
+    monkeypatch.setattr(hf_engine, "distinct_rows", lambda x: None)
+    alone, rows = run()
+    assert rows == [8]
+    assert [g.token_ids for g in shared] == [g.token_ids for g in alone]
+    assert len({tuple(g.token_ids) for g in shared}) > 2  # the samples of a group differ
+    gap = max(abs(a - b) for g, h in zip(shared, alone) for a, b in zip(g.logprobs, h.logprobs))
+    assert gap < 1e-5
