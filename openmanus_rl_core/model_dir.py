@@ -1,5 +1,6 @@
 """The model folder every worker loads: the user's Hugging Face folder (``model.path``), or the embedded tiny model
-and its tokenizer, built once from the env's own text and rebuilt only when what it depends on changes."""
+and its tokenizer, built once from the env's own text and rebuilt only when what it depends on changes -- never
+under a resumed checkpoint, whose weights were trained with that folder's tokenizer."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from openmanus_rl_core.schema import Config
 
 
 def prepare_model_dir(cfg: Config, run_dir: Path, train_tasks: Sequence[dict], env_factory: Callable[[], Any],
-                      template: Any, log: Callable[[str], None]) -> tuple[str, Any]:
-    """``(model folder, its tokenizer)``."""
+                      template: Any, log: Callable[[str], None], resuming: bool = False) -> tuple[str, Any]:
+    """``(model folder, its tokenizer)``. ``resuming``: a checkpoint is loaded next; an existing folder is kept
+    as it is even when the settings it was built from changed (the tokenizer trained on another env text would
+    give the checkpoint's token ids other meanings)."""
     from openmanus_rl_core.models import load_model_and_tokenizer, load_tokenizer
     from openmanus_rl_core.warmup import build_corpus
 
@@ -32,7 +35,11 @@ def prepare_model_dir(cfg: Config, run_dir: Path, train_tasks: Sequence[dict], e
                              "train_tasks": [[t["task_id"], t["seed"]] for t in train_tasks]},
                             sort_keys=True, default=str)
         stamp = model_dir / "omrl_recipe.json"
-        if not (model_dir / "config.json").exists() or not stamp.exists() or stamp.read_text() != recipe:
+        built = (model_dir / "config.json").exists() and stamp.exists()
+        if resuming and built and stamp.read_text() != recipe:
+            log(f"resumed: keeping the tiny model's tokenizer in {model_dir}, built from the run's first settings "
+                "(the checkpoint was trained with it; changed env, template or corpus settings do not rebuild it)")
+        elif not built or stamp.read_text() != recipe:
             t0 = time.perf_counter()
             corpus_tasks = train_tasks[:cfg.model.corpus_tasks or len(train_tasks)]
             corpus = build_corpus(env_factory, template, corpus_tasks, cfg.rollout.max_turns)

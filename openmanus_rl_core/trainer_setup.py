@@ -94,7 +94,8 @@ def setup(trainer: Any) -> None:
 
     # The model every worker loads: a local HF folder, or the embedded tiny model built now.
     trainer.model_dir, trainer.tokenizer = prepare_model_dir(cfg, trainer.run_dir, trainer.train_tasks,
-                                                             trainer.env_factory, trainer.template, trainer.log)
+                                                             trainer.env_factory, trainer.template, trainer.log,
+                                                             resuming=trainer.resume_path is not None)
     trainer.pad_token_id = trainer.tokenizer.pad_token_id
     start_workers(trainer)
 

@@ -93,14 +93,21 @@ def test_a_real_resume_keeps_the_reward_prints_and_records_the_change_and_keeps_
     samples = [json.loads(line) for line in (run / "validation" / "val_step_000002.jsonl").read_text().splitlines()]
     assert len(samples) == 2 and all(set(s["reward_parts"]) == {"process"} and s["turns"] for s in samples)
     assert samples[0]["turns"][0]["context"] and "response" in samples[0]["turns"][0]
+    model = {p.name: p.read_bytes() for p in (run / "model").iterdir()}
+    # env.max_turns is one of the settings the tiny model's tokenizer is built from; the checkpoint's weights were
+    # trained with the folder's tokenizer, so the resume keeps the folder as it is.
     out = _run(["train", *SMALL, f"trainer.run_dir={run}", "trainer.resume=auto", "trainer.total_steps=3",
-                "actor.lr=1e-4"], cli_env)
+                "actor.lr=1e-4", "env.max_turns=5"], cli_env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "changed on resume:\n  actor.lr: 0.0005 -> 0.0001\n  trainer.total_steps: 2 -> 3\n" in out.stdout
+    assert ("changed on resume:\n  actor.lr: 0.0005 -> 0.0001\n  env.max_turns: 4 -> 5\n  rollout.max_turns: 4 -> 5\n"
+            "  trainer.total_steps: 2 -> 3\n") in out.stdout
+    assert "resumed: keeping the tiny model's tokenizer" in out.stdout and "built the tiny model" not in out.stdout
+    assert {p.name: p.read_bytes() for p in (run / "model").iterdir()} == model
     assert (run / "config.json").read_bytes() == record
     history = [json.loads(line) for line in (run / "config_history.jsonl").read_text().splitlines()]
     assert [(h["step"], h["changes"]) for h in history] == [
-        (3, {"actor.lr": {"from": 0.0005, "to": 0.0001}, "trainer.total_steps": {"from": 2, "to": 3}})]
+        (3, {"actor.lr": {"from": 0.0005, "to": 0.0001}, "env.max_turns": {"from": 4, "to": 5},
+             "rollout.max_turns": {"from": 4, "to": 5}, "trainer.total_steps": {"from": 2, "to": 3}})]
     after = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert after[:len(rows)] == rows
     assert after[-1]["step"] == 3 and "train/reward/process/mean" in after[-1]
