@@ -74,6 +74,8 @@ class ActorWorker(Worker):
             self.ref = self.sharding.wrap(ref.to(self.device), mp)
         self.model = self.sharding.wrap(model.to(self.device), mp)
         self.optim_cfg = cfg.actor
+        # Gradient checkpointing turns the KV cache off, which the shared-prompt forward runs on.
+        self.share_prompts = cfg.actor.share_prompts and not cfg.model.gradient_checkpointing
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = make_optimizer(params, self.optim_cfg, self.total_steps)
         self.temperature = cfg.rollout.temperature
@@ -160,7 +162,7 @@ class ActorWorker(Worker):
         out: dict[str, torch.Tensor] = {}
         batch = batch.to(self.device)
         limits = (self.optim_cfg.log_prob_micro_batch_size, self.optim_cfg.log_prob_max_tokens_per_micro_batch)
-        pack, share = self.optim_cfg.pack_rows, self.optim_cfg.share_prompts
+        pack, share = self.optim_cfg.pack_rows, self.share_prompts
         if with_old:
             self.model.eval()
             out["old_log_probs"] = self._forward_rows(
@@ -200,7 +202,7 @@ class ActorWorker(Worker):
         def part_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
             logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True,
                                               pack=self.optim_cfg.pack_rows,
-                                              share_prompts=self.optim_cfg.share_prompts)
+                                              share_prompts=self.share_prompts)
             mask = part["response_mask"]
             old = part["old_log_probs"] if "old_log_probs" in part else logp.detach()
             adv, corr = part["advantages"], {}

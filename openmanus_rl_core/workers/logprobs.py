@@ -27,14 +27,14 @@ def sequence_logprobs(
     packed-sequence masks for sdpa/eager; flash-attention varlen on GPU).
 
     ``share_prompts``: rows whose prompt part is the same (a GRPO group's samples) run it once
-    (:mod:`openmanus_rl_core.shared_prompt`); not with ``pack``, nor with gradient checkpointing (which turns the
-    KV cache off).
+    (:mod:`openmanus_rl_core.shared_prompt`); not with ``pack``. The model must keep its KV cache (the actor turns
+    this off under gradient checkpointing).
     """
     from openmanus_rl_core.workers.microbatch import pad_columns, trim_columns
 
     small, R = trim_columns(batch)
     pack = pack and bool(small["attention_mask"].any())  # rows of padding only: nothing to pack
-    shared = _shared_prompts(model, small) if share_prompts and not pack else None
+    shared = _shared_prompts(small) if share_prompts and not pack else None
     if shared is not None:
         logp, entropy = _shared_prompt_logprobs(model, small, temperature, with_entropy, shared)
     else:
@@ -71,13 +71,13 @@ def _response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperatur
     return logp, entropy
 
 
-def _shared_prompts(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _shared_prompts(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(first, which)`` of the rows' prompt parts (:func:`~openmanus_rl_core.shared_prompt.distinct_rows`), or
-    None when no two rows share one or the model recomputes activations (gradient checkpointing: no KV cache)."""
+    None when no two rows share one."""
     from openmanus_rl_core.shared_prompt import distinct_rows
 
     P = batch["input_ids"].shape[1] - batch["responses"].shape[1]
-    if P == 0 or any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+    if P == 0:
         return None
     attn = batch["attention_mask"][:, :P]
     return distinct_rows(torch.cat([batch["input_ids"][:, :P] * attn, attn, batch["position_ids"][:, :P]], dim=1))
