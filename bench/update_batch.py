@@ -11,8 +11,10 @@ with the same peak tokens per forward pass: ``before`` splits rows in their orde
 the batch's longest row (the update as it was: no column is cut); ``after`` sets
 ``actor.max_tokens_per_micro_batch`` to ``--ub-rows`` x the longest row. Time: median of ``--ub-repeats`` updates
 after one warm-up update. Padding fraction: padding positions over all positions the forward passes process.
-``packed``: as ``after`` with ``actor.pack_rows=true`` (no padding at all; attention over each packed micro-batch
-is one masked ``[T, T]`` product on CPU).
+``before`` and ``after`` run every row whole (``actor.share_prompts=false``); ``shared``: as ``after`` with shared
+prompts (the default), so the start the rows' prompts have in common (system prompt, task) runs once per
+micro-batch (openmanus_rl_core/shared_prompt.py). ``packed``: as ``after`` with ``actor.pack_rows=true`` (no padding
+at all; attention over each packed micro-batch is one masked ``[T, T]`` product on CPU).
 """
 
 from __future__ import annotations
@@ -101,11 +103,13 @@ def run(envs: list[str], args) -> list[dict]:
             batch, overrides, model_dir = build_batch_for(env, args, Path(tmp))
             real = int(batch["attention_mask"].sum())
             longest = int(batch["attention_mask"].sum(-1).max())
+            budget = f"actor.max_tokens_per_micro_batch={args.ub_rows * longest}"
             sides = {
-                "before": (overrides + [f"actor.micro_batch_size={args.ub_rows}", "actor.sharding=full"], True),
-                "after": (overrides + [f"actor.max_tokens_per_micro_batch={args.ub_rows * longest}"], False),
-                "packed": (overrides + [f"actor.max_tokens_per_micro_batch={args.ub_rows * longest}",
-                                        "actor.pack_rows=true"], False),
+                "before": (overrides + [f"actor.micro_batch_size={args.ub_rows}", "actor.sharding=full",
+                                        "actor.share_prompts=false"], True),
+                "after": (overrides + [budget, "actor.share_prompts=false"], False),
+                "shared": (overrides + [budget], False),
+                "packed": (overrides + [budget, "actor.pack_rows=true"], False),
             }
             result = {"env": env, "samples": len(batch), "real_tokens": real, "longest": longest}
             for side, (ov, padded) in sides.items():
@@ -122,10 +126,12 @@ def print_table(rows: list[dict], args) -> None:
           f"random tiny Qwen2, 1 rank, 1 thread; median of {args.ub_repeats} updates; same peak tokens per forward "
           f"pass: {args.ub_rows} rows x the longest row)")
     print("| env | samples | real tokens | longest row | padding before | padding after | update s before | "
-          "update s after | speed-up | update s packed | speed-up packed |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "update s after | speed-up | update s shared prefixes | speed-up shared | update s packed | "
+          "speed-up packed |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        b, a, p = r["before"], r["after"], r["packed"]
+        b, a, sh, p = r["before"], r["after"], r["shared"], r["packed"]
         print(f"| {r['env']} | {r['samples']} | {r['real_tokens']} | {r['longest']} | {b['padding']:.1%} | "
               f"{a['padding']:.1%} | {b['update_s']:.2f} | {a['update_s']:.2f} | {b['update_s'] / a['update_s']:.2f}x | "
+              f"{sh['update_s']:.2f} | {b['update_s'] / sh['update_s']:.2f}x | "
               f"{p['update_s']:.2f} | {b['update_s'] / p['update_s']:.2f}x |")

@@ -46,6 +46,24 @@ def uneven_batch(vocab: int, rows: int = 16, seed: int = 0, pad: int = 0, group:
     return batch
 
 
+def start_alike(batch: Batch, vocab: int, seed: int = 4) -> Batch:
+    """``batch`` (groups of 1) turned into per-turn samples: every prompt starts with one 12-token system prompt,
+    then, for the rows of each group of 4, a task of 6-12 tokens of their own (cut to leave each row at least one
+    token of its own); the row with the shortest prompt shares nothing. In place; returns ``batch``."""
+    g = torch.Generator().manual_seed(seed)
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    P = ids.shape[1] - batch["responses"].shape[1]
+    length = attn[:, :P].sum(-1)
+    system = torch.randint(1, vocab, (12,), generator=g)
+    for i in range(len(batch)):
+        task = torch.randint(1, vocab, (12,), generator=g) if i % 4 == 0 else task
+        head = torch.cat([system, task[:6 + i // 4 % 4 * 2]])
+        n = min(len(head), int(length[i]) - 1) if i != int(length.argmin()) else 0
+        ids[i, P - int(length[i]):P - int(length[i]) + n] = head[:n]
+    batch["responses"] = ids[:, P:].clone()
+    return batch
+
+
 def save_small_model(folder) -> str:
     """A tiny Qwen2 (32 wide) and its tokenizer saved in ``folder``; returns the folder."""
     from openmanus_rl_core.models import load_model_and_tokenizer
@@ -82,7 +100,7 @@ def flat_params(worker) -> torch.Tensor:
 
 
 def _rank(rank: int, world: int, model_dir: str, out: str, ports: list[int], choices: list[str],
-          overrides: list[str], group: int) -> None:
+          overrides: list[str], group: int, turns: bool) -> None:
     from openmanus_rl_core.config import load
     from openmanus_rl_core.distributed.sharding import shard_batch
     from openmanus_rl_core.workers import ActorWorker
@@ -92,6 +110,8 @@ def _rank(rank: int, world: int, model_dir: str, out: str, ports: list[int], cho
         w = ActorWorker(cfg, rank=rank, world_size=world, model_dir=model_dir, total_steps=10)
         info = w.setup("127.0.0.1", port)
         batch = uneven_batch(len(w.tokenizer), pad=w.tokenizer.pad_token_id, group=group)
+        if turns:
+            start_alike(batch, len(w.tokenizer))
         shards, _ = shard_batch(batch, world)
         before = flat_params(w)
         metrics = w.update(shards[rank], step=1)
@@ -108,16 +128,18 @@ def main(argv: list[str]) -> None:
 
     model_dir, out, world, choices, *overrides = argv
     choices = choices.split(",")
-    group = 1
+    group, turns = 1, False
     if overrides[:1] == ["--group"]:
         group, overrides = int(overrides[1]), overrides[2:]
+    if overrides[:1] == ["--turns"]:  # per-turn samples whose prompts start alike (start_alike)
+        turns, overrides = True, overrides[1:]
     sockets = [socket.socket() for _ in choices]
     for s in sockets:  # held together, so the ports differ
         s.bind(("127.0.0.1", 0))
     ports = [s.getsockname()[1] for s in sockets]
     for s in sockets:
         s.close()
-    mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides, group), nprocs=int(world), join=True)
+    mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides, group, turns), nprocs=int(world), join=True)
 
 
 if __name__ == "__main__":

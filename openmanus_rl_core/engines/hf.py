@@ -33,7 +33,7 @@ import torch
 from openmanus_rl_core.engines import check_prompts
 from openmanus_rl_core.models import cache_keyword
 from openmanus_rl_core.protocols import Generation, SamplingParams
-from openmanus_rl_core.shared_prompt import distinct_rows
+from openmanus_rl_core import shared_prompt
 
 __all__ = ["HFEngine", "filter_logits"]
 
@@ -93,6 +93,11 @@ class HFEngine:
         )
         self.calls = 0  # generate() calls so far (metrics, tests)
         self.asleep = False
+
+    @property
+    def cache_kw(self) -> str:
+        """The forward keyword of this model's KV cache."""
+        return cache_keyword(self.model)
 
     # ------------------------------------------------------------------------------------------------- memory
     def sleep(self, level: int | None = None) -> None:
@@ -154,10 +159,30 @@ class HFEngine:
         finally:
             torch.set_num_threads(before)
 
-    @torch.inference_mode()
-    def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None) -> list[Generation]:
+    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor):
+        """The KV cache and next-token logits of the left-padded prompts, and the attention mask over the cache's
+        columns. Prompts that start alike (a GRPO group's samples; per-turn prompts of one task) run that start
+        once, then each prompt's rest on the repeated cache (:mod:`openmanus_rl_core.shared_prompt`)."""
         from transformers import DynamicCache
 
+        kw = self.cache_kw
+        shared = shared_prompt.shared_starts(ids, attn, pos)
+        if shared is None:
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
+                             **{kw: DynamicCache()})
+            return getattr(out, kw), out.logits[:, -1, :].float(), attn
+        head = self.model(input_ids=shared.head_ids, attention_mask=shared.head_mask, position_ids=shared.head_pos,
+                          use_cache=True, logits_to_keep=1, **{kw: DynamicCache()})
+        cache = getattr(head, kw)
+        cache.batch_select_indices(shared.which)
+        attn = torch.cat([shared.prefix_mask, shared.rest_mask], dim=1)
+        W = shared.width
+        out = self.model(input_ids=ids[:, -W:], attention_mask=attn, position_ids=pos[:, -W:], use_cache=True,
+                         logits_to_keep=1, **{kw: cache})
+        return getattr(out, kw), out.logits[:, -1, :].float(), attn
+
+    @torch.inference_mode()
+    def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None) -> list[Generation]:
         params = params or SamplingParams()
         self.calls += 1
         B = len(prompts)
@@ -188,25 +213,14 @@ class HFEngine:
         position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
 
         rows = list(range(B))  # batch row -> output index, for the live rows
-        cache = DynamicCache()
-        step_input, step_pos = input_ids, position_ids
-        cache_kw = cache_keyword(self.model)
-        shared = distinct_rows(torch.cat([input_ids, attn], dim=1))  # a group's samples share their prompt
+        cache, logits, attn = self._prefill(input_ids, attn, position_ids)
+        step_pos, kw = position_ids, self.cache_kw
         for step in range(max_new):
-            first = shared[0] if step == 0 and shared is not None else slice(None)  # the prefill: distinct rows
-            out = self.model(
-                input_ids=step_input[first],
-                attention_mask=attn[first],
-                position_ids=step_pos[first],
-                use_cache=True,
-                logits_to_keep=1,
-                **{cache_kw: cache},
-            )
-            cache = getattr(out, cache_kw)
-            logits = out.logits[:, -1, :].float()
-            if step == 0 and shared is not None:  # each sample gets its prompt's cache rows and logits
-                cache.batch_select_indices(shared[1])
-                logits = logits.index_select(0, shared[1])
+            if step:
+                out = self.model(input_ids=step_input, attention_mask=attn, position_ids=step_pos, use_cache=True,
+                                 logits_to_keep=1, **{kw: cache})
+                cache = getattr(out, kw)
+                logits = out.logits[:, -1, :].float()
             z = logits / temperature
             logp = torch.log_softmax(z, dim=-1)
             if greedy:

@@ -26,8 +26,8 @@ def sequence_logprobs(
     at 0 for each row, with no attention mask: transformers then masks attention to each row's own tokens (its
     packed-sequence masks for sdpa/eager; flash-attention varlen on GPU).
 
-    ``share_prompts``: rows whose prompt part is the same (a GRPO group's samples) run it once
-    (:mod:`openmanus_rl_core.shared_prompt`); not with ``pack``. The model must keep its KV cache (the actor turns
+    ``share_prompts``: rows whose prompts start alike (a GRPO group's samples, per-turn samples of one task) run
+    that start once (:mod:`openmanus_rl_core.shared_prompt`); not with ``pack``. The model must keep its KV cache (the actor turns
     this off under gradient checkpointing).
     """
     from openmanus_rl_core.workers.microbatch import pad_columns, trim_columns
@@ -71,39 +71,35 @@ def _response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperatur
     return logp, entropy
 
 
-def _shared_prompts(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(first, which)`` of the rows' prompt parts (:func:`~openmanus_rl_core.shared_prompt.distinct_rows`), or
-    None when no two rows share one."""
-    from openmanus_rl_core.shared_prompt import distinct_rows
+def _shared_prompts(batch: Batch):
+    """:func:`~openmanus_rl_core.shared_prompt.shared_starts` of the rows' prompt columns (None: share nothing)."""
+    from openmanus_rl_core.shared_prompt import shared_starts
 
     P = batch["input_ids"].shape[1] - batch["responses"].shape[1]
-    if P == 0:
-        return None
-    attn = batch["attention_mask"][:, :P]
-    return distinct_rows(torch.cat([batch["input_ids"][:, :P] * attn, attn, batch["position_ids"][:, :P]], dim=1))
+    return shared_starts(*(batch[k][:, :P] for k in ("input_ids", "attention_mask", "position_ids")))
 
 
-def _shared_prompt_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool,
-                            shared: tuple[torch.Tensor, torch.Tensor]):
-    """As :func:`_logprobs`, with each distinct prompt run once: its KV cache and last logits are repeated for the
-    rows that share it (``shared = (first, which)``), then the responses run on that cache."""
+def _shared_prompt_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool, shared):
+    """As :func:`_logprobs`, with each shared prefix run once (``shared``: a
+    :class:`~openmanus_rl_core.shared_prompt.SharedStarts`): its KV cache is repeated for the rows that share it,
+    then the rest of every row (the rest of its prompt and the response but its last token) runs on that cache."""
     from openmanus_rl_core.models import cache_keyword
 
-    first, which = shared
     ids, attn, pos, responses = (batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses"))
     R = responses.shape[1]
-    P = ids.shape[1] - R
+    start = ids.shape[1] - R - shared.width
     kw = cache_keyword(model)
-    head = model(input_ids=ids[first, :P], attention_mask=attn[first, :P], position_ids=pos[first, :P],
+    head = model(input_ids=shared.head_ids, attention_mask=shared.head_mask, position_ids=shared.head_pos,
                  use_cache=True, logits_to_keep=1)
-    logits = head.logits[:, -1:, :].index_select(0, which)  # predicts each row's first response token
-    if R > 1:  # the last response token predicts nothing: the rest runs on columns [P, P + R - 1)
-        cache = getattr(head, kw)
-        cache.batch_select_indices(which)
-        tail = model(input_ids=ids[:, P:-1], attention_mask=attn[:, :-1], position_ids=pos[:, P:-1],
-                     use_cache=True, **{kw: cache})
-        logits = torch.cat([logits, tail.logits], dim=1)
-    return _response_logprobs(logits, responses, temperature, with_entropy)
+    cache = getattr(head, kw)
+    cache.batch_select_indices(shared.which)
+    mask = torch.cat([shared.prefix_mask, shared.rest_mask, attn[:, -R:-1]], dim=1)
+    tail = model(input_ids=ids[:, start:-1], attention_mask=mask, position_ids=pos[:, start:-1], use_cache=True,
+                 logits_to_keep=R, **{kw: cache})
+    logp, entropy = _response_logprobs(tail.logits, responses, temperature, with_entropy)
+    # The first pass's last layer gives only keys and values to the second; its output joins the graph with weight
+    # 0 so that FSDP2, which gathers a layer's weights for backward when its output's gradient arrives, gathers it.
+    return logp + 0.0 * head.logits.sum(), entropy
 
 
 def _packed_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool):
