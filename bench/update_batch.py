@@ -15,6 +15,9 @@ after one warm-up update. Padding fraction: padding positions over all positions
 prompts (the default), so the start the rows' prompts have in common (system prompt, task) runs once per
 micro-batch (openmanus_rl_core/shared_prompt.py). ``packed``: as ``after`` with ``actor.pack_rows=true`` (no padding
 at all; attention over each packed micro-batch is one masked ``[T, T]`` product on CPU).
+
+A second table times the HF engine's ``generate`` over the same rows' prompts: the shared starts prefilled once
+(what the engine does) against every prompt prefilled whole.
 """
 
 from __future__ import annotations
@@ -95,6 +98,36 @@ def time_update(batch, overrides: list[str], model_dir: str, repeats: int, padde
     return times[1:], positions
 
 
+def time_generate(batch, model_dir: str, repeats: int) -> dict[str, list[float]]:
+    """Seconds of one HF-engine ``generate`` (24 new tokens) over the batch's prompts, their shared starts run once
+    (``shared``, what the engine does) or every prompt whole (``whole``, the prefix search switched off); the two
+    sides alternate, ``repeats`` times each after one warm-up call of each."""
+    from openmanus_rl_core import shared_prompt
+    from openmanus_rl_core.engines.hf import HFEngine
+    from openmanus_rl_core.models import load_model_and_tokenizer
+    from openmanus_rl_core.protocols import SamplingParams
+    from openmanus_rl_core.schema import ModelConfig
+
+    model, tok = load_model_and_tokenizer(ModelConfig(path=model_dir), [])
+    R = batch["responses"].shape[1]
+    prompts = [ids[:-R][m[:-R].bool()].tolist() for ids, m in zip(batch["input_ids"], batch["attention_mask"])]
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=1.0, top_k=0)
+    search = shared_prompt.shared_prefixes
+    times: dict[str, list[float]] = {"shared": [], "whole": []}
+    try:
+        for rep in range(repeats + 1):
+            for side in times:
+                shared_prompt.shared_prefixes = search if side == "shared" else (lambda rows: None)
+                engine = HFEngine(model, tok, seed=rep)
+                t0 = time.perf_counter()
+                engine.generate(prompts, params)
+                if rep:
+                    times[side].append(time.perf_counter() - t0)
+    finally:
+        shared_prompt.shared_prefixes = search
+    return times
+
+
 def run(envs: list[str], args) -> list[dict]:
     torch.set_num_threads(1)
     rows = []
@@ -117,6 +150,7 @@ def run(envs: list[str], args) -> list[dict]:
                 positions = real if side == "packed" else positions
                 result[side] = {"update_s": statistics.median(times), "times": times,
                                 "padding": 1 - real / positions, "positions": positions}
+            result["generate"] = time_generate(batch, model_dir, args.ub_repeats)
             rows.append(result)
     return rows
 
@@ -135,3 +169,10 @@ def print_table(rows: list[dict], args) -> None:
               f"{a['padding']:.1%} | {b['update_s']:.2f} | {a['update_s']:.2f} | {b['update_s'] / a['update_s']:.2f}x | "
               f"{sh['update_s']:.2f} | {b['update_s'] / sh['update_s']:.2f}x | "
               f"{p['update_s']:.2f} | {b['update_s'] / p['update_s']:.2f}x |")
+    print(f"\nGeneration over the same prompts (one HF-engine generate call, 24 new tokens; median of "
+          f"{args.ub_repeats}, the sides alternating)")
+    print("| env | prompts | generate s, every prompt whole | generate s, shared starts once | speed-up |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        whole, shared = (statistics.median(r["generate"][k]) for k in ("whole", "shared"))
+        print(f"| {r['env']} | {r['samples']} | {whole:.2f} | {shared:.2f} | {whole / shared:.2f}x |")
