@@ -166,7 +166,8 @@ def print_table(rows: list[dict], args) -> None:
     for r in rows:
         b, a, sh, p = r["before"], r["after"], r["shared"], r["packed"]
         print(f"| {r['env']} | {r['samples']} | {r['real_tokens']} | {r['longest']} | {b['padding']:.1%} | "
-              f"{a['padding']:.1%} | {b['update_s']:.2f} | {a['update_s']:.2f} | {b['update_s'] / a['update_s']:.2f}x | "
+              f"{a['padding']:.1%} | {b['update_s']:.2f} | {a['update_s']:.2f} | "
+              f"{b['update_s'] / a['update_s']:.2f}x | "
               f"{sh['update_s']:.2f} | {b['update_s'] / sh['update_s']:.2f}x | "
               f"{p['update_s']:.2f} | {b['update_s'] / p['update_s']:.2f}x |")
     print(f"\nGeneration over the same prompts (one HF-engine generate call, 24 new tokens; median of "

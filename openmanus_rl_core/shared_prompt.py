@@ -4,8 +4,8 @@ A GRPO group of ``rollout.n`` samples repeats one prompt ``n`` times, and the pe
 all start with the same system prompt and task. Both places that run the model over whole rows compute a shared
 start once and repeat its keys and values for each row:
 
-- the HF engine's prefill (:mod:`openmanus_rl_core.engines.hf`): the distinct prompts are prefilled, and the
-  KV-cache rows and last logits are repeated per sample before decoding;
+- the HF engine's prefill (:mod:`openmanus_rl_core.engines.hf`): each shared prefix is prefilled once, its KV-cache
+  rows are repeated per row, and each prompt's rest is prefilled on them before decoding;
 - the actor's log-probs and update (:mod:`openmanus_rl_core.workers.logprobs`, ``actor.share_prompts``): each
   shared prefix (:func:`shared_prefixes`: a whole GRPO prompt but its last token, or the common start of per-turn
   prompts) runs once with a KV cache, and the rest of every row runs on the repeated cache. Gradients flow back
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["distinct_rows", "shared_prefixes", "SharedStarts", "shared_starts", "MIN_SAVED_SHARE", "MAX_WIDER"]
+__all__ = ["shared_prefixes", "SharedStarts", "shared_starts", "MIN_SAVED_SHARE", "MAX_WIDER"]
 
 # The shared path costs one more forward call and a copy of the KV cache per row: it is taken only when the
 # prefixes it runs once save at least this share of the rows' tokens.
@@ -32,26 +32,6 @@ MIN_SAVED_SHARE = 0.1
 # longest prefix plus the longest rest); the shared path is taken only while that is at most this many times the
 # prompts' width.
 MAX_WIDER = 1.25
-
-
-def distinct_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(first, which)`` for the rows of ``x`` [B, ...]: ``first[u]`` the first row of distinct row ``u`` (in order
-    of first appearance), ``which[b]`` the distinct row of row ``b`` (so ``x[first][which]`` equals ``x``).
-    None when no two rows are equal (nothing to share)."""
-    B = x.shape[0]
-    if B < 2:
-        return None
-    _, which = torch.unique(x.reshape(B, -1), dim=0, return_inverse=True)
-    U = int(which.max()) + 1
-    if U == B:
-        return None
-    rows = torch.arange(B, device=x.device)
-    first = torch.full((U,), B, dtype=torch.long, device=x.device).scatter_reduce(0, which, rows, "amin")
-    # Number the distinct rows by first appearance (torch.unique sorts them).
-    order = torch.argsort(first)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(U, device=x.device)
-    return first[order], rank[which]
 
 
 def shared_prefixes(rows: list[list[int]]) -> tuple[list[int], list[int], list[int]] | None:

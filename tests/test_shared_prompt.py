@@ -13,22 +13,13 @@ import torch
 
 from openmanus_rl_core import shared_prompt
 from openmanus_rl_core.engines import hf as hf_engine
-from openmanus_rl_core.shared_prompt import distinct_rows, shared_prefixes
+from openmanus_rl_core.shared_prompt import shared_prefixes
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from uneven_update import flat_params, one_rank_worker, save_small_model, start_alike, uneven_batch  # noqa: E402
 
 METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm")
-
-
-def test_distinct_rows_numbers_rows_by_first_appearance():
-    x = torch.tensor([[5, 1], [2, 2], [5, 1], [0, 9], [2, 2]])
-    first, which = distinct_rows(x)
-    assert first.tolist() == [0, 1, 3] and which.tolist() == [0, 1, 0, 2, 1]
-    assert torch.equal(x[first][which], x)
-    assert distinct_rows(torch.tensor([[1, 2], [2, 1], [1, 3]])) is None  # nothing shared
-    assert distinct_rows(torch.tensor([[1, 2]])) is None
 
 
 def test_shared_prefixes_split_the_rows_where_that_saves_the_most_tokens():

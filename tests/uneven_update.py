@@ -139,7 +139,8 @@ def main(argv: list[str]) -> None:
     ports = [s.getsockname()[1] for s in sockets]
     for s in sockets:
         s.close()
-    mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides, group, turns), nprocs=int(world), join=True)
+    mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides, group, turns), nprocs=int(world),
+             join=True)
 
 
 if __name__ == "__main__":

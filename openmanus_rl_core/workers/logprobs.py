@@ -27,8 +27,8 @@ def sequence_logprobs(
     packed-sequence masks for sdpa/eager; flash-attention varlen on GPU).
 
     ``share_prompts``: rows whose prompts start alike (a GRPO group's samples, per-turn samples of one task) run
-    that start once (:mod:`openmanus_rl_core.shared_prompt`); not with ``pack``. The model must keep its KV cache (the actor turns
-    this off under gradient checkpointing).
+    that start once (:mod:`openmanus_rl_core.shared_prompt`); not with ``pack``. The model must keep its KV cache
+    (the actor turns this off under gradient checkpointing).
     """
     from openmanus_rl_core.workers.microbatch import pad_columns, trim_columns
 
