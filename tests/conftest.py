@@ -78,9 +78,12 @@ def dist_group():
 
     import torch.distributed as dist
 
+    from openmanus_rl_core.distributed.ray_node import local_store_path
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    local_store_path(port).unlink(missing_ok=True)  # a killed run's rendezvous file for this port would hang it
     yield ("127.0.0.1", port)
     if dist.is_initialized():
         dist.destroy_process_group()

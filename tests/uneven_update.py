@@ -126,6 +126,8 @@ def main(argv: list[str]) -> None:
 
     import torch.multiprocessing as mp
 
+    from openmanus_rl_core.distributed.ray_node import local_store_path
+
     model_dir, out, world, choices, *overrides = argv
     choices = choices.split(",")
     group, turns = 1, False
@@ -139,6 +141,8 @@ def main(argv: list[str]) -> None:
     ports = [s.getsockname()[1] for s in sockets]
     for s in sockets:
         s.close()
+    for port in ports:  # a killed run's rendezvous file for the same port would hang the group
+        local_store_path(port).unlink(missing_ok=True)
     mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides, group, turns), nprocs=int(world),
              join=True)
 
