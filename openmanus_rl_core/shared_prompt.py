@@ -51,8 +51,8 @@ def shared_prefixes(rows: list[list[int]]) -> tuple[list[int], list[int], list[i
         return None
     order = sorted(range(B), key=rows.__getitem__)
     common = [_common_length(rows[order[i]], rows[order[i + 1]]) for i in range(B - 1)]
-    # best[j]: the most tokens saved by the rows order[:j]; cut[j] where its last run starts.
-    best, cut = [0] * (B + 1), [0] * (B + 1)
+    # best[j]: the most tokens saved by the rows order[:j]; its last run is order[cut[j]:j], sharing run[j] tokens.
+    best, cut, run = [0] * (B + 1), [0] * (B + 1), [0] * (B + 1)
     for j in range(1, B + 1):
         best[j], cut[j] = best[j - 1], j - 1  # order[j - 1] alone
         shared = len(rows[order[j - 1]]) - 1
@@ -61,7 +61,7 @@ def shared_prefixes(rows: list[list[int]]) -> tuple[list[int], list[int], list[i
             if shared <= 0:
                 break
             if best[i] + shared * (j - 1 - i) > best[j]:
-                best[j], cut[j] = best[i] + shared * (j - 1 - i), i
+                best[j], cut[j], run[j] = best[i] + shared * (j - 1 - i), i, shared
     if best[B] < MIN_SAVED_SHARE * total:
         return None
     first: list[int] = []
@@ -71,12 +71,10 @@ def shared_prefixes(rows: list[list[int]]) -> tuple[list[int], list[int], list[i
     while j > 0:
         i = cut[j]
         if j - i > 1:
-            run = order[i:j]
-            shared = min(min(len(rows[b]) for b in run) - 1, *common[i:j - 1])
-            for b in run:
+            for b in order[i:j]:
                 which[b] = len(first)
-            first.append(run[0])
-            length.append(shared)
+            first.append(order[i])
+            length.append(run[j])
         j = i
     return first, which, length
 
