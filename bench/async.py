@@ -44,6 +44,7 @@ from pathlib import Path
 ROWS = {
     "a": ("(a) lockstep", ["rollout.mode=lockstep"]),
     "b": ("(b) episodes, eta=0", ["rollout.mode=episodes"]),
+    "o": ("(b) episodes, eta=0, update overlapped", ["rollout.max_staleness=0", "rollout.overlap_update=true"]),
     "c": ("(c) stream, eta=1", ["rollout.max_staleness=1"]),
     "d": ("(d) stream, eta=2", ["rollout.max_staleness=2"]),
     "e": ("(e) stream, eta=4", ["rollout.max_staleness=4"]),

@@ -408,6 +408,10 @@ class RewardComposer:
         """
         batched = self._batch_values(trajectories)
         breakdowns = [self.compose(t, batched[i]) for i, t in enumerate(trajectories)]
+        return breakdowns, self.batch_metrics(breakdowns)
+
+    def batch_metrics(self, breakdowns: Sequence[RewardBreakdown]) -> dict[str, float]:
+        """The metrics :meth:`compose_batch` gives, of breakdowns composed earlier (in parts, say)."""
         metrics: dict[str, float] = {}
         count = max(len(breakdowns), 1)
         for s in self.specs:
@@ -421,7 +425,7 @@ class RewardComposer:
                 sums.setdefault(key, []).append(v)
         for key, vs in sums.items():
             metrics[f"reward/{key}/mean"] = sum(vs) / len(vs)
-        return breakdowns, metrics
+        return metrics
 
     def _batch_values(self, trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
         """Per trajectory, label -> result of the components that have ``compute_batch`` (one call each for the

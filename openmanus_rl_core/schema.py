@@ -217,6 +217,10 @@ class RolloutConfig:
                                              "this many optimizer steps old; groups keep running across steps, "
                                              "episodes on their own whatever `mode` says (null: no stream, each "
                                              "step rolls out its own batch)", ge=0)
+    overlap_update: bool = opt(False, "the stream at max_staleness=0: the policy gradient of each complete group is "
+                                      "computed while the rest of the batch still plays, and one optimizer step "
+                                      "follows the last group: the same update as all at once (group-baseline "
+                                      "estimators, one mini-batch and epoch, no critic or KL; docs/async.md)")
     stale_policy: str = opt("wait", "the stream, for a group that would be trained staler than max_staleness: wait "
                                     "(the step waits for it and trains it first: long episodes are never dropped) "
                                     "or drop (never waits; such groups are discarded and counted)",
@@ -472,6 +476,27 @@ def _rule_replicate_precision(c: Config) -> str | None:
     return None
 
 
+def _rule_overlap_update(c: Config) -> str | None:
+    """The overlapped update computes each group's gradient alone, before the batch is complete."""
+    if not c.rollout.overlap_update:
+        return None
+    a, why = c.algorithm, None
+    if c.rollout.max_staleness != 0:
+        why = f"rollout.max_staleness={c.rollout.max_staleness} (it needs the stream at 0: one version per batch)"
+    elif a.adv_estimator not in GROUP_ESTIMATORS:
+        why = f"algorithm.adv_estimator={a.adv_estimator} (it needs a group baseline: {', '.join(GROUP_ESTIMATORS)})"
+    elif a.use_critic:
+        why = f"algorithm.use_critic={a.use_critic}"
+    elif a.use_kl_in_reward or a.use_kl_loss:
+        why = f"algorithm.use_kl_in_reward={a.use_kl_in_reward}, use_kl_loss={a.use_kl_loss} (no reference pass)"
+    elif c.actor.ppo_epochs != 1 or c.actor.ppo_mini_batch_size is not None:
+        why = (f"actor.ppo_epochs={c.actor.ppo_epochs}, ppo_mini_batch_size={c.actor.ppo_mini_batch_size} "
+               f"(one optimizer step per batch)")
+    elif a.recompute_old_log_probs == "true":
+        why = f"algorithm.recompute_old_log_probs={a.recompute_old_log_probs} (no separate old-log-prob pass)"
+    return None if why is None else f"rollout.overlap_update=true does not work with {why}"
+
+
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
 RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_correction,
-         _rule_replicate_precision)
+         _rule_replicate_precision, _rule_overlap_update)

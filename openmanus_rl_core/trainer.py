@@ -5,7 +5,8 @@ each phase a method of that name::
 
     phase_rollout        tasks (TaskSampler) --expand n--> one shard per actor rank; every rank runs the agent loop
                          with its own engine and envs (dynamic sampling replaces groups without spread); or,
-                         with rollout.max_staleness, B groups from the stream (rollout/stream.py)  timing/rollout
+                         with rollout.max_staleness, B groups from the stream (rollout/stream.py); with
+                         rollout.overlap_update, each group's gradient as it comes in (overlap.py) timing/rollout
     phase_reward         reward composer (weighted components) -> allocator -> token_level_scores  timing/reward
     phase_log_probs      old log-probs (the PPO ratio's behaviour policy) and reference log-probs  timing/old_log_prob
     phase_values         critic values (PPO with GAE)                                              timing/values
@@ -103,6 +104,11 @@ class Trainer:
         self.stream = None  # the group stream (rollout.max_staleness set), from the first step on
         self._stream_state: dict | None = None  # a resumed stream's groups, to play again
         self.policy_version = 0  # actor updates so far: the version of the rollout engine's weights
+        self.overlap = None  # rollout.overlap_update: the step's gradients so far (overlap.py)
+        if self.cfg.rollout.overlap_update:
+            from openmanus_rl_core.overlap import OverlappedUpdate
+
+            self.overlap = OverlappedUpdate(self)
 
     # ------------------------------------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -157,7 +163,15 @@ class Trainer:
         ``rollout.max_staleness`` set, B complete groups from the group stream."""
         with self.timer("rollout"):
             if self.cfg.rollout.max_staleness is not None:
-                episodes = self._stream().next_batch(self.policy_version, metrics)
+                overlap = self.overlap is not None and step > self.cfg.critic.warmup_steps
+                if overlap:
+                    self.overlap.begin()
+                episodes = self._stream().next_batch(self.policy_version, metrics,
+                                                     on_groups=self.overlap.add if overlap else None)
+                if overlap:
+                    self.overlap.add(episodes)  # none left, unless the stream held some back
+                    metrics["timing/overlap_update"] = self.overlap.seconds
+                    metrics["stream/overlap_chunks"] = float(self.overlap.chunks)
             else:
                 with self.stop.keeping(self.sampler):  # abandoned: its tasks are drawn again on resume
                     episodes = self._batch_rollout(step, metrics)
@@ -215,7 +229,11 @@ class Trainer:
 
         trajectories = [e.trajectory for e in episodes]
         with self.timer("reward"):
-            breakdowns, reward_metrics = self.composer.compose_batch(trajectories)
+            if self.overlap is not None and self.overlap.composed:  # composed as the groups came in
+                breakdowns = self.overlap.breakdowns(episodes)
+                reward_metrics = self.composer.batch_metrics(breakdowns)
+            else:
+                breakdowns, reward_metrics = self.composer.compose_batch(trajectories)
             batch = build_batch(episodes, breakdowns, self.allocator, self.pad_token_id,
                                 self.cfg.rollout.keep_env_errors)
         ro_metrics = rollout_metrics(episodes, elapsed_s=self.timer.timings["rollout"])
@@ -319,13 +337,20 @@ class Trainer:
         """The policy update on ``advantages`` (and old / reference log-probs where the step has them)."""
         from openmanus_rl_core.distributed.sharding import shard_batch
 
-        shards, _ = shard_batch(batch, self.actor.size)
-        keys = [*LEAN_KEYS, "advantages", *(k for k in ("old_log_probs", "ref_log_probs") if k in batch),
-                *(["rollout_log_probs"] if self.correction == "tis" else [])]
         with self.timer("update_actor"):
-            ams = self.actor.call_each("update", [(s.select(keys), step) for s in shards])
+            if self.overlap is not None and self.overlap.composed:  # the gradients are in: only the step is left
+                ams = self.overlap.step()
+            else:
+                shards, _ = shard_batch(batch, self.actor.size)
+                keys = self.actor_update_keys(batch)
+                ams = self.actor.call_each("update", [(s.select(keys), step) for s in shards])
         metrics.update(_avg(ams))
         self.skipped_steps += int(max(a.get("actor/skipped_updates", 0.0) for a in ams))
+
+    def actor_update_keys(self, batch) -> list[str]:
+        """The tensors the actor's update reads."""
+        return [*LEAN_KEYS, "advantages", *(k for k in ("old_log_probs", "ref_log_probs") if k in batch),
+                *(["rollout_log_probs"] if self.correction == "tis" else [])]
 
     def phase_sync_weights(self) -> None:
         """The updated weights into every actor rank's rollout engine."""

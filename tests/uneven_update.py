@@ -1,11 +1,14 @@
 """A training batch with very uneven row lengths, and one policy update on it by a group of ranks.
 
-    python tests/uneven_update.py MODEL_DIR OUT_DIR RANKS SHARDING[,SHARDING...] [--group N] [override ...]
+    python tests/uneven_update.py MODEL_DIR OUT_DIR RANKS SHARDING[,SHARDING...] [--group N] [--turns] [--chunks S,S..]
+        [override ...]
 
 runs ``RANKS`` processes (``--group N``: the batch's rows share prompts in groups of N); for each ``actor.sharding`` choice in turn they form a gloo group, build an
 :class:`ActorWorker` with the overrides, and make one update on their share of :func:`uneven_batch`; rank 0 saves
 the parameter change and the metrics to ``OUT_DIR/<choice>.pt``. One launch for every choice: the processes and
-their imports are paid once.
+their imports are paid once. ``--chunks 0,4,12``: instead of one update, the rows from each start to the next
+(whole groups) are one chunk, split among the ranks as the trainer does, each accumulated
+(``ActorWorker.accumulate``), then one ``step_accumulated``: the overlapped update.
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ def flat_params(worker) -> torch.Tensor:
 
 
 def _rank(rank: int, world: int, model_dir: str, out: str, ports: list[int], choices: list[str],
-          overrides: list[str], group: int, turns: bool) -> None:
+          overrides: list[str], group: int, turns: bool, chunks: list[int]) -> None:
     from openmanus_rl_core.config import load
     from openmanus_rl_core.distributed.sharding import shard_batch
     from openmanus_rl_core.workers import ActorWorker
@@ -114,7 +117,12 @@ def _rank(rank: int, world: int, model_dir: str, out: str, ports: list[int], cho
             start_alike(batch, len(w.tokenizer))
         shards, _ = shard_batch(batch, world)
         before = flat_params(w)
-        metrics = w.update(shards[rank], step=1)
+        if chunks:
+            for lo, hi in zip(chunks, [*chunks[1:], len(batch)]):
+                w.accumulate(shard_batch(batch[list(range(lo, hi))], world)[0][rank])
+            metrics = w.step_accumulated(float(batch["response_mask"].sum()))
+        else:
+            metrics = w.update(shards[rank], step=1)
         delta = flat_params(w) - before
         if rank == 0:
             torch.save({"delta": delta, "metrics": metrics, "sharding": info["sharding"]}, f"{out}/{choice}.pt")
@@ -130,11 +138,13 @@ def main(argv: list[str]) -> None:
 
     model_dir, out, world, choices, *overrides = argv
     choices = choices.split(",")
-    group, turns = 1, False
+    group, turns, chunks = 1, False, []
     if overrides[:1] == ["--group"]:
         group, overrides = int(overrides[1]), overrides[2:]
     if overrides[:1] == ["--turns"]:  # per-turn samples whose prompts start alike (start_alike)
         turns, overrides = True, overrides[1:]
+    if overrides[:1] == ["--chunks"]:  # the overlapped update, chunks starting at these rows
+        chunks, overrides = [int(x) for x in overrides[1].split(",")], overrides[2:]
     sockets = [socket.socket() for _ in choices]
     for s in sockets:  # held together, so the ports differ
         s.bind(("127.0.0.1", 0))
@@ -143,7 +153,7 @@ def main(argv: list[str]) -> None:
         s.close()
     for port in ports:  # a killed run's rendezvous file for the same port would hang the group
         local_store_path(port).unlink(missing_ok=True)
-    mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides, group, turns), nprocs=int(world),
+    mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides, group, turns, chunks), nprocs=int(world),
              join=True)
 
 

@@ -191,10 +191,19 @@ class GroupStream:
         self.counter = int(state.get("counter", 0))
 
     # ------------------------------------------------------------------------------------------------ step
-    def next_batch(self, version: int, metrics: dict[str, float]) -> list[Episode]:
+    def next_batch(self, version: int, metrics: dict[str, float],
+                   on_groups: Callable[[list[Episode]], None] | None = None) -> list[Episode]:
         """The episodes of the (at most B) groups to train at policy version ``version`` (optimizer steps
-        completed)."""
+        completed).
+
+        ``on_groups(episodes)`` (η=0 only: then every accepted group is trained at this version): called with the
+        episodes of the groups accepted since its last call, as soon as they are in, while the others still play
+        (``rollout.overlap_update``)."""
+        if on_groups is not None and self.eta != 0:
+            raise ValueError(f"on_groups needs max_staleness=0, not {self.eta}: at a larger one the batch is "
+                             f"chosen only once the step's groups are in")
         adm = self.admission
+        handed: set[str] = set()
         if not self.started:
             self.actor.call("stream_start")
             self.started = True
@@ -227,6 +236,10 @@ class GroupStream:
                 keep = [g for g in self.ready if self._staleness(g, version) <= self.eta]
                 dropped += self._drop(len(self.ready) - len(keep))
                 self.ready = keep
+            fresh = [g for g in self.ready if g.gid not in handed] if on_groups is not None else []
+            if fresh:
+                handed.update(g.gid for g in fresh)
+                on_groups([e for g in fresh for e in g.episodes])
             if self.wait and any(self._urgent(g, version) for g in self.running.values()):
                 continue  # a group that must be trained now is still running
             if len(self.ready) >= self.B:
@@ -238,6 +251,9 @@ class GroupStream:
         take, self.ready = self.ready[:self.B], self.ready[self.B:]
         batch = [g for g in take if self._staleness(g, version) <= self.eta]  # the last check before training
         dropped += self._drop(len(take) - len(batch))
+        if handed - {g.gid for g in batch}:
+            raise RuntimeError(f"groups handed to on_groups were left out of the batch at version {version}: "
+                               f"{sorted(handed - {g.gid for g in batch})}")
         adm.consume(len(batch))
         if not batch:
             raise RuntimeError(f"the rollout stream has no group to train at version {version}: {filtered} "

@@ -188,6 +188,21 @@ class ActorWorker(Worker):
         Per mini-batch: ``loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl``; gradients are clipped to
         ``actor.grad_clip``; a non-finite loss or gradient norm (on any rank) skips the optimizer step.
         """
+        return self._update_loop(batch, step, self._policy_loss(), "actor/loss")
+
+    def accumulate(self, batch: Batch) -> float:
+        """``rollout.overlap_update``: the policy gradient of one chunk of the step's batch (keys as :meth:`update`),
+        added to the gradients so far; :meth:`step_accumulated` ends the update. Returns the chunk's response
+        tokens on this rank."""
+        return self._accumulate(batch, self._policy_loss())
+
+    def step_accumulated(self, total_tokens: float) -> dict[str, float]:
+        """The optimizer step after :meth:`accumulate`'s chunks: the update :meth:`update` makes on their rows
+        together (``total_tokens``: the batch's response tokens, all ranks); its metrics."""
+        return self._step_accumulated(total_tokens, "actor/loss")
+
+    def _policy_loss(self):
+        """``part_loss(micro_batch) -> (loss, stats)``: the policy loss of :meth:`update` on one micro-batch."""
         from openmanus_rl_core.algorithms import agg_loss, kl_penalty
         from openmanus_rl_core.algorithms.correction import correction_mode, truncated_is_weights
         from openmanus_rl_core.registry import registry
@@ -222,7 +237,7 @@ class ActorWorker(Worker):
                 stats["actor/kl_loss"] = float(kl.detach())
             return loss, stats
 
-        return self._update_loop(batch, step, part_loss, "actor/loss")
+        return part_loss
 
     # ---------------------------------------------------------------------------------- supervised warm-up
     def sft_update(self, batch: Batch, lr: float, grad_clip: float) -> dict[str, float]:

@@ -45,6 +45,7 @@ class Worker:
         self.world_size = int(world_size)
         self.model_dir = str(model_dir)  # a Hugging Face folder every rank loads: all ranks start from the same weights
         self.total_steps = int(total_steps)  # sizes the LR schedule
+        self._accumulated: dict | None = None  # an overlapped update's chunks so far (rollout.overlap_update)
         torch.set_num_threads(cfg.trainer.torch_threads)
         # A worker runs several Python threads: env calls, and in the group stream generation beside training. A
         # small model's forward is thousands of short torch ops, each releasing the GIL; with Python's default 5 ms
@@ -179,25 +180,73 @@ class Worker:
         skipped = 0
         for _, mb in _minibatches(batch, mini, ocfg.ppo_epochs, ocfg.shuffle, (self.seed, int(step), self.rank, *stream)):
             self.optimizer.zero_grad(set_to_none=True)
-            index = self._micro_index(mb, ocfg.micro_batch_size, ocfg.max_tokens_per_micro_batch)
-            mb_tokens = float(mb["response_mask"].sum().clamp_min(1))
             stats: dict[str, float] = {}
-            total = 0.0
-            for i, rows in enumerate(index):
-                part = mb[rows] if len(index) > 1 else mb
-                self.sharding.before_backward(self.model, last=i == len(index) - 1)
-                loss, part_stats = part_loss(part)
-                weight = token_share(part, mb_tokens) if len(index) > 1 else 1.0
-                (loss * weight).backward()
-                total += float(loss.detach()) * weight
-                for k, v in part_stats.items():
-                    stats[k] = stats.get(k, 0.0) + float(v) * weight
+            total = self._backward_parts(mb, part_loss, stats)
             grad_norm, stepped = self._clip_and_step(self.optimizer, total, ocfg.grad_clip)
             skipped += not stepped
             stats[loss_key] = total
             stats[f"{self.role}/grad_norm"] = grad_norm
             per_update.append(stats)
         return self._finish_updates(self.role, per_update, skipped)
+
+    def _backward_parts(self, mb: Batch, part_loss: Callable[[Batch], tuple[torch.Tensor, dict]],
+                        stats: dict[str, float], weight: Callable[[Batch], float] | None = None) -> float:
+        """Backward of ``mb`` in micro-batches; gradients add up in ``.grad``, weighted stats in ``stats``. Returns
+        the weighted loss. ``weight(part)`` multiplies each part's loss; None: its share of ``mb``'s response tokens
+        (1 when unsplit), so the sum is ``mb``'s token-mean loss, and only the last part syncs a grad_op sharding's
+        gradients. With a ``weight``, every part syncs (the caller may not step after ``mb``)."""
+        ocfg = self.optim_cfg
+        index = self._micro_index(mb, ocfg.micro_batch_size, ocfg.max_tokens_per_micro_batch)
+        mb_tokens = float(mb["response_mask"].sum().clamp_min(1))
+        total = 0.0
+        for i, rows in enumerate(index):
+            part = mb[rows] if len(index) > 1 else mb
+            self.sharding.before_backward(self.model, last=weight is not None or i == len(index) - 1)
+            loss, part_stats = part_loss(part)
+            if weight is not None:
+                w = weight(part)
+            else:
+                w = token_share(part, mb_tokens) if len(index) > 1 else 1.0
+            (loss * w).backward()
+            total += float(loss.detach()) * w
+            for k, v in part_stats.items():
+                stats[k] = stats.get(k, 0.0) + float(v) * w
+        return total
+
+    # ------------------------------------------------------------------------------------ overlapped update
+    def _accumulate(self, batch: Batch, part_loss: Callable[[Batch], tuple[torch.Tensor, dict]]) -> float:
+        """One chunk of a step's batch (``rollout.overlap_update``): each micro-batch's token-mean loss times its
+        response tokens, so ``.grad`` holds the SUM over the chunk's tokens; :meth:`_step_accumulated` divides
+        by the batch's tokens and steps. Returns the chunk's response tokens on this rank."""
+        batch = batch.to(self.device)
+        self.model.train()
+        if self._accumulated is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self._accumulated = {"tokens": 0.0, "loss": 0.0, "stats": {}}
+        acc = self._accumulated
+        acc["loss"] += self._backward_parts(batch, part_loss, acc["stats"],
+                                            weight=lambda part: float(part["response_mask"].sum()))
+        tokens = float(batch["response_mask"].sum())
+        acc["tokens"] += tokens
+        return tokens
+
+    def _step_accumulated(self, total_tokens: float, loss_key: str) -> dict[str, float]:
+        """The optimizer step after the chunks: gradients divided by ``total_tokens`` (the whole batch's response
+        tokens, all ranks) times the world size (the ranks' gradients are averaged), so the update is the
+        batch's token-mean loss however the rows were chunked and spread. Stats: this rank's token means."""
+        acc, self._accumulated = self._accumulated, None
+        if acc is None:
+            raise RuntimeError("an overlapped update's step came before any of its chunks")
+        scale = self.world_size / max(float(total_tokens), 1.0)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
+        mine = max(acc["tokens"], 1.0)
+        stats = {k: v / mine for k, v in acc["stats"].items()}
+        stats[loss_key] = acc["loss"] / mine
+        grad_norm, stepped = self._clip_and_step(self.optimizer, stats[loss_key], self.optim_cfg.grad_clip)
+        stats[f"{self.role}/grad_norm"] = grad_norm
+        return self._finish_updates(self.role, [stats], int(not stepped))
 
     def _forward_rows(self, batch: Batch, fn: Callable[[Batch], torch.Tensor], max_rows: int | None,
                       max_tokens: int | None) -> torch.Tensor:
