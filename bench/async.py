@@ -1,6 +1,6 @@
 """Benchmark: lockstep rollout against episodes on their own and the bounded-staleness group stream.
 
-    python bench/async.py [--repeats 3] [--steps 6] [--rows a,b,c,d,e] [--json out.json] [hydra overrides ...]
+    python bench/async.py [--repeats 3] [--steps 6] [--rows a,b,o,c,d,e] [--json out.json] [hydra overrides ...]
 
 First the embedded default's model is warmed up once on key_door's demonstrations (the default 120 supervised
 steps, so replies and episode lengths are those of a learning policy) and exported. Every row is then ``openmanus-rl train`` of that
@@ -10,6 +10,9 @@ validation. Rows:
 
 - (a) ``rollout.mode=lockstep``: today's loop, each turn waits for its slowest env call;
 - (b) ``rollout.mode=episodes``: each episode moves on when its own env call returns; still on-policy (eta 0);
+- (b') ``rollout.max_staleness=0 rollout.overlap_update=true`` (row key ``o``): episodes on their own in the stream
+  at eta 0, and the policy gradient of each complete group computed while the rest of the batch plays; still
+  on-policy, the same update as (b);
 - (c)-(e) ``rollout.max_staleness=1, 2, 4``: the group stream, rollouts keep running while the trainer updates.
 
 Columns, over steps 2..N of each run (step 1 fills the stream and pays one-time costs), median over the repeats:
@@ -44,7 +47,7 @@ from pathlib import Path
 ROWS = {
     "a": ("(a) lockstep", ["rollout.mode=lockstep"]),
     "b": ("(b) episodes, eta=0", ["rollout.mode=episodes"]),
-    "o": ("(b) episodes, eta=0, update overlapped", ["rollout.max_staleness=0", "rollout.overlap_update=true"]),
+    "o": ("(b') episodes, eta=0, update overlapped", ["rollout.max_staleness=0", "rollout.overlap_update=true"]),
     "c": ("(c) stream, eta=1", ["rollout.max_staleness=1"]),
     "d": ("(d) stream, eta=2", ["rollout.max_staleness=2"]),
     "e": ("(e) stream, eta=4", ["rollout.max_staleness=4"]),
@@ -130,7 +133,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (6; --learning: 20)")
-    p.add_argument("--rows", default=None, help="rows to run (a,b,c,d,e; --learning: a,b,d)")
+    p.add_argument("--rows", default=None, help="rows to run (a,b,o,c,d,e; --learning: a,b,d)")
     p.add_argument("--learning", action="store_true", help="final validation success over seeds instead")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--model", default=None, help="a warmed-up model folder to start from (default: made anew)")
@@ -139,7 +142,7 @@ def main() -> None:
     if args.learning:
         return learning((args.rows or "a,b,d").split(","), [int(s) for s in args.seeds.split(",")],
                         args.steps or 20, args.model, extra)
-    args.rows, args.steps = args.rows or "a,b,c,d,e", args.steps or 6
+    args.rows, args.steps = args.rows or "a,b,o,c,d,e", args.steps or 6
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         extra = [f"model.path={args.model or warmed_model(Path(tmp))}", *extra]

@@ -283,10 +283,12 @@ class ActorConfig(OptimConfig):
                                  "(no padding at all; needs an attention implementation that masks packed "
                                  "sequences from position ids: transformers' sdpa/eager, flash-attention varlen; "
                                  "else only the all-padding columns are cut)")
-    share_prompts: bool = opt(True, "run the start that several rows' prompts share (a GRPO group's prompt; the "
-                                    "system prompt and task of per-turn samples) once per forward pass, the "
-                                    "rest of each row on its KV cache: the same log-probs and gradients for "
-                                    "less compute (openmanus_rl_core/shared_prompt.py)")
+    share_prompts: Optional[bool] = opt(None, "run the start that several rows' prompts share (a GRPO group's "
+                                              "prompt; the system prompt and task of per-turn samples) once per "
+                                              "forward pass, the rest of each row on its KV cache: the same "
+                                              "log-probs and gradients for less compute "
+                                              "(openmanus_rl_core/shared_prompt.py; null: on a CPU, off on a GPU, "
+                                              "where its masked attention measured slower: bench/RESULTS.md)")
 
 
 @dataclass

@@ -74,8 +74,10 @@ class ActorWorker(Worker):
             self.ref = self.sharding.wrap(ref.to(self.device), mp)
         self.model = self.sharding.wrap(model.to(self.device), mp)
         self.optim_cfg = cfg.actor
-        # Gradient checkpointing turns the KV cache off, which the shared-prompt forward runs on.
-        self.share_prompts = cfg.actor.share_prompts and not cfg.model.gradient_checkpointing
+        # Gradient checkpointing turns the KV cache off, which the shared-prompt forward runs on. Unset: on a CPU
+        # only (on a GPU its arbitrary attention mask cost more than the shared tokens saved: bench/gpu_actor.py).
+        share = self.device.type == "cpu" if cfg.actor.share_prompts is None else cfg.actor.share_prompts
+        self.share_prompts = share and not cfg.model.gradient_checkpointing
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = make_optimizer(params, self.optim_cfg, self.total_steps)
         self.temperature = cfg.rollout.temperature
