@@ -2,6 +2,7 @@
 
     python bench/gpu.py [--batch 4] [--seq-len 2048] [--steps 10] [--warmup 3] [--activation-checkpointing]
                         [--engines hf,vllm] [--gen-prompts 64] [--gen-prompt-len 256] [--gen-new-tokens 256]
+                        [--gen-group 1]
                         [--gpu-memory-utilization 0.5] [--peak-tflops X] [--write]
     torchrun --nproc-per-node 8 bench/gpu.py ...      # FSDP2 over 8 GPUs (training part; generation on rank 0)
 
@@ -162,7 +163,9 @@ def _prompts(args, vocab: int) -> list[list[int]]:
 
     g = torch.Generator().manual_seed(args.seed)
     # ids 3.. of the small tokenizer: never a special token (0 pad, 1 <|im_start|>, 2 EOS)
-    return torch.randint(3, vocab, (args.gen_prompts, args.gen_prompt_len), generator=g).tolist()
+    group = max(1, args.gen_group)  # a GRPO group's samples share their prompt
+    distinct = torch.randint(3, vocab, (-(-args.gen_prompts // group), args.gen_prompt_len), generator=g).tolist()
+    return [distinct[i // group] for i in range(args.gen_prompts)]
 
 
 def _sync(device) -> None:
@@ -192,18 +195,19 @@ def _time_generate(engine, prompts, args, device) -> tuple[float, int]:
     return dt, sum(len(g.token_ids) for g in gens)
 
 
-def bench_hf(args, device) -> dict:
+def bench_hf(args, device, share_prompts: bool = True) -> dict:
     import torch
 
     from openmanus_rl_core.engines.hf import HFEngine
 
     tok = build_tokenizer()
     model = build_model(args.seed, args.shape).to(getattr(torch, args.gen_dtype))
-    engine = HFEngine(model, tok, device=device, seed=args.seed)
+    engine = HFEngine(model, tok, device=device, seed=args.seed, share_prompts=share_prompts)
     dt, n = _time_generate(engine, _prompts(args, len(tok)), args, device)
     del engine, model
     _free()
-    return {"engine": "hf", "gen_s": dt, "tokens": n, "tokens_per_s": n / dt}
+    name = "hf" if args.gen_group == 1 else f"hf, share_prompts={share_prompts}"
+    return {"engine": name, "gen_s": dt, "tokens": n, "tokens_per_s": n / dt}
 
 
 def bench_vllm(args, device) -> dict:
@@ -257,7 +261,7 @@ def table(args, gpu: str, world: int, train: dict | None, gens: list[dict], skip
             extra = (f"; start-up {g['build_s']:.1f} s, update_weights {g['update_weights_s'] * 1000:.0f} ms, "
                      f"gpu_memory_utilization {args.gpu_memory_utilization}")
         lines.append(f"| generation tokens/s, {g['engine']} | {g['tokens_per_s']:,.0f} ({args.gen_prompts} prompts x "
-                     f"{args.gen_prompt_len} tokens, up to {args.gen_new_tokens} new, T=1; {g['tokens']} tokens in "
+                     f"{args.gen_prompt_len} tokens{f' in groups of {args.gen_group}' if args.gen_group > 1 else ''}, up to {args.gen_new_tokens} new, T=1; {g['tokens']} tokens in "
                      f"{g['gen_s']:.2f} s{extra}) |")
     for s in skipped:
         lines.append(f"| generation, {s} | not available here |")
@@ -276,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gen-prompts", type=int, default=64)
     p.add_argument("--gen-prompt-len", type=int, default=256)
     p.add_argument("--gen-new-tokens", type=int, default=256)
+    p.add_argument("--gen-group", type=int, default=1, help="prompts in groups of this many identical ones (a GRPO "
+                                                            "group); above 1, hf runs with and without its shared "
+                                                            "prefill")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--peak-tflops", type=float, default=None, help="peak dense bf16 TFLOP/s of one GPU")
     p.add_argument("--seed", type=int, default=0)
@@ -326,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         for name in [e.strip() for e in args.engines.split(",") if e.strip()]:
             try:
-                if name == "hf":
+                if name == "hf" and args.gen_group > 1:  # the engine's shared prefill against none
+                    gens += [bench_hf(args, device, share) for share in (True, False, True, False)]
+                elif name == "hf":
                     gens.append(bench_hf(args, device))
                 elif name == "vllm":
                     try:

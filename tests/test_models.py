@@ -177,3 +177,21 @@ def test_merge_lora_state_names_a_broken_adapter(tok):
         merge_lora_state(sd, 1.0)
     with pytest.raises(ValueError, match="model.lora.r must be >= 1, got 0"):
         lora_scaling(LoraConfig(r=0))
+
+
+def test_cudnn_attention_is_turned_off_for_a_cuda_device_only():
+    """cuDNN's attention builds a plan per new sequence shape (3.5x slower first generate on an H200): a CUDA
+    worker or engine turns it off, a CPU one leaves torch as it was."""
+    import torch
+
+    from openmanus_rl_core.models import avoid_cudnn_attention
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        avoid_cudnn_attention("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        avoid_cudnn_attention(torch.device("cuda", 0))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

@@ -94,7 +94,10 @@ class Worker:
             raise RuntimeError("trainer.device=cuda but this worker sees no CUDA device; use trainer.device=cpu")
         self.device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
         if use_cuda:
+            from openmanus_rl_core.models import avoid_cudnn_attention
+
             torch.cuda.set_device(self.device)
+            avoid_cudnn_attention(self.device)  # the update meets a new sequence shape every micro-batch
         backend = "nccl" if use_cuda else "gloo"
         if not dist.is_initialized():
             if is_loopback(self.master_addr):  # a local run: nothing of the group may listen on the network
