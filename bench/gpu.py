@@ -2,7 +2,7 @@
 
     python bench/gpu.py [--batch 4] [--seq-len 2048] [--steps 10] [--warmup 3] [--activation-checkpointing]
                         [--engines hf,vllm] [--gen-prompts 64] [--gen-prompt-len 256] [--gen-new-tokens 256]
-                        [--gen-group 1]
+                        [--gen-group 1] [--cudnn-attention]
                         [--gpu-memory-utilization 0.5] [--peak-tflops X] [--write]
     torchrun --nproc-per-node 8 bench/gpu.py ...      # FSDP2 over 8 GPUs (training part; generation on rank 0)
 
@@ -203,6 +203,8 @@ def bench_hf(args, device, share_prompts: bool = True) -> dict:
     tok = build_tokenizer()
     model = build_model(args.seed, args.shape).to(getattr(torch, args.gen_dtype))
     engine = HFEngine(model, tok, device=device, seed=args.seed, share_prompts=share_prompts)
+    if args.cudnn_attention:  # the engine turned it off (models.avoid_cudnn_attention): back on, to compare
+        torch.backends.cuda.enable_cudnn_sdp(True)
     dt, n = _time_generate(engine, _prompts(args, len(tok)), args, device)
     del engine, model
     _free()
@@ -260,9 +262,10 @@ def table(args, gpu: str, world: int, train: dict | None, gens: list[dict], skip
         if g["engine"] == "vllm":
             extra = (f"; start-up {g['build_s']:.1f} s, update_weights {g['update_weights_s'] * 1000:.0f} ms, "
                      f"gpu_memory_utilization {args.gpu_memory_utilization}")
+        groups = f" in groups of {args.gen_group}" if args.gen_group > 1 else ""
         lines.append(f"| generation tokens/s, {g['engine']} | {g['tokens_per_s']:,.0f} ({args.gen_prompts} prompts x "
-                     f"{args.gen_prompt_len} tokens{f' in groups of {args.gen_group}' if args.gen_group > 1 else ''}, up to {args.gen_new_tokens} new, T=1; {g['tokens']} tokens in "
-                     f"{g['gen_s']:.2f} s{extra}) |")
+                     f"{args.gen_prompt_len} tokens{groups}, up to {args.gen_new_tokens} new, T=1; {g['tokens']} "
+                     f"tokens in {g['gen_s']:.2f} s{extra}) |")
     for s in skipped:
         lines.append(f"| generation, {s} | not available here |")
     return "\n".join(lines) + "\n"
@@ -283,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gen-group", type=int, default=1, help="prompts in groups of this many identical ones (a GRPO "
                                                             "group); above 1, hf runs with and without its shared "
                                                             "prefill")
+    p.add_argument("--cudnn-attention", action="store_true",
+                   help="hf: keep PyTorch's cuDNN attention on (the engine turns it off on CUDA), to compare")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--peak-tflops", type=float, default=None, help="peak dense bf16 TFLOP/s of one GPU")
     p.add_argument("--seed", type=int, default=0)

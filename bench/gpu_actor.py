@@ -129,7 +129,8 @@ def main() -> int:
             # The typed config built directly (the schema's defaults): no Hydra or plugin needed on a bare GPU box.
             cfg = Config()
             cfg.trainer = dataclasses.replace(cfg.trainer, device=device, mixed_precision="bf16")
-            cfg.actor = dataclasses.replace(cfg.actor, sharding="full", lr=1e-7, max_tokens_per_micro_batch=args.max_tokens,
+            cfg.actor = dataclasses.replace(cfg.actor, sharding="full", lr=1e-7,
+                                            max_tokens_per_micro_batch=args.max_tokens,
                                             log_prob_max_tokens_per_micro_batch=args.max_tokens, **extra)
             w = ActorWorker(cfg, rank=0, world_size=1, model_dir=str(model_dir), total_steps=100)
             w.setup("127.0.0.1", port)

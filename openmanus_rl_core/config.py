@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from openmanus_rl_core.plugin_kwargs import check_plugin_kwargs
 from openmanus_rl_core.plugins import make_plugin_manager
-from openmanus_rl_core.schema import RULES, Config
+from openmanus_rl_core.config_rules import RULES
+from openmanus_rl_core.schema import Config
 
 
 class ConfigError(ValueError):

@@ -32,7 +32,7 @@ class OverlappedUpdate:
         self.begin()
 
     def begin(self) -> None:
-        """A new step: no chunk yet."""
+        """A new step: no chunk yet (also after a step that failed half-way)."""
         self.composed: dict[int, RewardBreakdown] = {}  # id(episode) -> its rewards
         self.tokens = 0.0  # response tokens accumulated, all ranks
         self.seconds = 0.0  # time spent on chunks (while the rest of the batch still played)
@@ -65,7 +65,5 @@ class OverlappedUpdate:
         return [self.composed[id(e)] for e in episodes]
 
     def step(self) -> list[dict[str, float]]:
-        """The optimizer step on every rank; their metrics. The next step starts with no chunk."""
-        tokens = self.tokens
-        self.begin()
-        return self.trainer.actor.call("step_accumulated", total_tokens=tokens)
+        """The optimizer step on every rank; their metrics."""
+        return self.trainer.actor.call("step_accumulated", total_tokens=self.tokens)

@@ -163,12 +163,11 @@ class Trainer:
         ``rollout.max_staleness`` set, B complete groups from the group stream."""
         with self.timer("rollout"):
             if self.cfg.rollout.max_staleness is not None:
-                overlap = self.overlap is not None and step > self.cfg.critic.warmup_steps
-                if overlap:
+                if self.overlap is not None:  # every step (the config rules keep a critic's warm-up out)
                     self.overlap.begin()
                 episodes = self._stream().next_batch(self.policy_version, metrics,
-                                                     on_groups=self.overlap.add if overlap else None)
-                if overlap:
+                                                     on_groups=None if self.overlap is None else self.overlap.add)
+                if self.overlap is not None:
                     self.overlap.add(episodes)  # none left, unless the stream held some back
                     metrics["timing/overlap_update"] = self.overlap.seconds
                     metrics["stream/overlap_chunks"] = float(self.overlap.chunks)
@@ -229,7 +228,7 @@ class Trainer:
 
         trajectories = [e.trajectory for e in episodes]
         with self.timer("reward"):
-            if self.overlap is not None and self.overlap.composed:  # composed as the groups came in
+            if self.overlap is not None:  # composed as the groups came in
                 breakdowns = self.overlap.breakdowns(episodes)
                 reward_metrics = self.composer.batch_metrics(breakdowns)
             else:
@@ -338,7 +337,7 @@ class Trainer:
         from openmanus_rl_core.distributed.sharding import shard_batch
 
         with self.timer("update_actor"):
-            if self.overlap is not None and self.overlap.composed:  # the gradients are in: only the step is left
+            if self.overlap is not None:  # the gradients are in: only the step is left
                 ams = self.overlap.step()
             else:
                 shards, _ = shard_batch(batch, self.actor.size)

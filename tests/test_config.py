@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from openmanus_rl_core import schema
+from openmanus_rl_core import config_rules, schema
 from openmanus_rl_core.config import ConfigError, load, render_doc, schema_keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def test_every_option_file_composes_and_checks():
     from openmanus_rl_core.registry import registry
 
     for algorithm in ("grpo", "ppo", "gigpo"):
-        assert load([f"algorithm={algorithm}"]).algorithm.adv_estimator in schema.GROUP_ESTIMATORS + ("gae",)
+        assert load([f"algorithm={algorithm}"]).algorithm.adv_estimator in config_rules.GROUP_ESTIMATORS + ("gae",)
     for env in registry("env").names():
         cfg = load([f"env={env}"], training=False)
         assert cfg.env.name == env and cfg.rollout.max_turns == cfg.env.max_turns >= 1
