@@ -34,6 +34,8 @@ def test_60_turn_relay_episodes_train_with_a_window_memory_and_exact_per_turn_lo
     assert m["train/num_turns"] == pytest.approx(sum(e["turns"] for e in episodes) / 4)  # per episode, not per row
     # It trained: a policy-gradient step with a gradient, on turn samples whose advantages are not all 0.
     assert m["actor/num_updates"] == 1.0 and m["actor/grad_norm"] > 0 and m["train/advantages_abs_mean"] > 0
-    # Each turn's logged engine log-probs equal the actor's recomputed ones.
-    assert len(out["max_logprob_gap_per_row"]) == out["rows"] and max(out["max_logprob_gap_per_row"]) <= 1e-5
+    # Each turn's logged engine log-probs equal the actor's recomputed ones, to float32 rounding: the engine
+    # computes a context piecewise (its prefix cache keeps keys and values across turns, each decoded token is a
+    # pass of its own), the actor in one pass over the row. A token out of place moves a log-prob by far more.
+    assert len(out["max_logprob_gap_per_row"]) == out["rows"] and max(out["max_logprob_gap_per_row"]) <= 5e-5
     assert all(0 < mb < 8192 for mb in out["worker_peak_rss_mb"])

@@ -34,6 +34,8 @@ from openmanus_rl_core.engines import check_prompts
 from openmanus_rl_core.models import avoid_cudnn_attention, cache_keyword
 from openmanus_rl_core.protocols import Generation, SamplingParams
 from openmanus_rl_core import shared_prompt
+from openmanus_rl_core.engines.fast_decode import FastDecode
+from openmanus_rl_core.engines.prefix_cache import PrefixCache
 
 __all__ = ["HFEngine", "filter_logits"]
 
@@ -68,17 +70,25 @@ class HFEngine:
     times faster than more (each decoding step is too small to split, and threads spin-wait on a busy machine).
     ``share_prompts``: prefill the start that several prompts share once (:meth:`_prefill`; ``rollout.engine_kwargs``
     turns it off). It is on by default: measured several times faster on a CPU, and the same speed on an H200
-    (bench/RESULTS.md, "GPU").
+    (bench/RESULTS.md, "GPU"). ``prefix_cache_mb``: the most megabytes of keys and values kept from earlier calls,
+    so that a multi-turn prompt prefills only what follows the last turn (:mod:`.prefix_cache`); 0 turns it off.
+    ``fast_decode``: decoding steps of a Llama-family model run in plain torch calls (:mod:`.fast_decode`), not
+    through the model's forward; other models always use their forward.
     """
 
     def __init__(self, model: Any, tokenizer: Any, device: str | torch.device = "cpu", seed: int = 0,
-                 num_threads: int | None = None, share_prompts: bool = True):
+                 num_threads: int | None = None, share_prompts: bool = True, prefix_cache_mb: float = 1024,
+                 fast_decode: bool = True):
         self.num_threads = int(num_threads) if num_threads else None
         self.device = torch.device(device)
         self.share_prompts = bool(share_prompts)
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0 (0 turns the prefix cache off), not {prefix_cache_mb}")
+        self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
         avoid_cudnn_attention(self.device)
         self.model = model.to(self.device)
         self.model.eval()
+        self.fast = FastDecode.for_model(self.model) if fast_decode else None
         self.tokenizer = tokenizer
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(seed))
@@ -113,6 +123,9 @@ class HFEngine:
         """
         if self.asleep:
             return
+        self.reset_prefix_cache()
+        if self.fast is not None:
+            self.fast.release()
         if self.device.type != "cpu":
             self.model.to("cpu")
             if self.device.type == "cuda":
@@ -127,6 +140,11 @@ class HFEngine:
             self.model.to(self.device)
         self.asleep = False
 
+    def reset_prefix_cache(self) -> None:
+        """Forget the keys and values of earlier calls (:mod:`.prefix_cache`)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
         for source in (self.tokenizer.eos_token_id, getattr(getattr(self.model, "generation_config", None),
@@ -140,6 +158,9 @@ class HFEngine:
     def update_weights(self, state_dict: dict[str, Any]) -> None:
         """Load new weights in memory (strict: every key must match). Tied ``lm_head.weight`` may be omitted."""
         self.wake_up()
+        self.reset_prefix_cache()  # keys and values of the old weights
+        if self.fast is not None:
+            self.fast.release()
         sd = dict(state_dict)
         own = self.model.state_dict()
         tied = getattr(getattr(self.model, "config", None), "tie_word_embeddings", False)
@@ -164,14 +185,25 @@ class HFEngine:
         finally:
             torch.set_num_threads(before)
 
-    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor):
+    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, prompts: Sequence[Sequence[int]],
+                 hits: list | None):
         """The KV cache and next-token logits of the left-padded prompts, and the attention mask over the cache's
-        columns. Prompts that start alike (a GRPO group's samples; per-turn prompts of one task) run that start
-        once, then each prompt's rest on the repeated cache (:mod:`openmanus_rl_core.shared_prompt`)."""
+        columns, by whichever of three ways computes the fewest columns:
+
+        - every prompt whole;
+        - prompts that start alike (a GRPO group's samples; per-turn prompts of one task) run that start once, then
+          each prompt's rest on the repeated cache (:mod:`openmanus_rl_core.shared_prompt`);
+        - each prompt's rest after its prefix found in the prefix cache (``hits``: :meth:`PrefixCache.match` per
+          prompt), on those cached keys and values (:meth:`_prefill_cached`)."""
         from transformers import DynamicCache
 
         kw = self.cache_kw
+        B, P = ids.shape
         shared = shared_prompt.shared_starts(ids, attn, pos) if self.share_prompts else None
+        cost = B * P if shared is None else shared.head_ids.numel() + B * shared.width
+        if hits is not None and any(k for _, k in hits):
+            if B * max(len(p) - k for p, (_, k) in zip(prompts, hits)) < cost:
+                return self._prefill_cached(prompts, hits)
         if shared is None:
             out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
                              **{kw: DynamicCache()})
@@ -185,6 +217,57 @@ class HFEngine:
         out = self.model(input_ids=ids[:, -W:], attention_mask=attn, position_ids=pos[:, -W:], use_cache=True,
                          logits_to_keep=1, **{kw: cache})
         return getattr(out, kw), out.logits[:, -1, :].float(), attn
+
+    def _prefill_cached(self, prompts: Sequence[Sequence[int]], hits: list):
+        """:meth:`_prefill` on the prefix cache. The cache's columns: each row's cached prefix (``k`` tokens),
+        left-padded to the longest; then each row's rest, left-padded to the longest rest, at positions ``k``
+        onwards (the cached keys carry positions ``0..k-1``). A row with no hit has all its tokens in the rest."""
+        from transformers import DynamicCache
+
+        dev, B = self.device, len(prompts)
+        found = torch.tensor([k for _, k in hits])
+        rest = torch.tensor([len(p) for p in prompts]) - found
+        C, W = int(found.max()), int(rest.max())
+        layers = next(e for e, k in hits if k).kv
+        kv = []
+        for layer, (k0, v0) in enumerate(layers):
+            keys = k0.new_zeros((B, k0.shape[0], C, k0.shape[-1]))
+            values = v0.new_zeros((B, v0.shape[0], C, v0.shape[-1]))
+            for b, (entry, k) in enumerate(hits):
+                if k:
+                    keys[b, :, C - k:] = entry.kv[layer][0][:, :k]
+                    values[b, :, C - k:] = entry.kv[layer][1][:, :k]
+            kv.append((keys, values))
+        ids = torch.full((B, W), self.pad_token_id, dtype=torch.long)
+        pos = torch.zeros((B, W), dtype=torch.long)
+        for b, (p, k) in enumerate(zip(prompts, found.tolist())):
+            ids[b, W - len(p) + k:] = torch.as_tensor(list(p[k:]), dtype=torch.long)
+            pos[b, W - len(p) + k:] = torch.arange(k, len(p))
+        prefix_mask = (torch.arange(C) >= C - found[:, None]).long()
+        rest_mask = (torch.arange(W) >= W - rest[:, None]).long()
+        attn = torch.cat([prefix_mask, rest_mask], dim=1).to(dev)
+        kw = self.cache_kw
+        out = self.model(input_ids=ids.to(dev), attention_mask=attn, position_ids=pos.to(dev), use_cache=True,
+                         logits_to_keep=1, **{kw: DynamicCache(kv)})
+        return getattr(out, kw), out.logits[:, -1, :].float(), attn
+
+    def _remember(self, cache: Any, attn: torch.Tensor, rows: list[tuple[int, int]],
+                  prompts: Sequence[Sequence[int]], out_ids: list[list[int]]) -> None:
+        """Put the finished sequences into the prefix cache: for each ``(batch row, output index)``, the keys and
+        values of its prompt and reply but the reply's last token (sampled, never fed back), the row's unmasked
+        columns. A model whose cache is not one plain layer of every column per layer (sliding windows) turns
+        the prefix cache off."""
+        layers = getattr(cache, "layers", None)
+        if layers is None or any(getattr(layer, "is_sliding", True) for layer in layers):
+            self.prefix_cache = None
+            return
+        for r, i in rows:
+            tokens = [*map(int, prompts[i]), *out_ids[i][:-1]]
+            cols = attn[r].nonzero().squeeze(-1)
+            if len(cols) != len(tokens):
+                raise RuntimeError(f"the KV cache holds {len(cols)} columns of a sequence of {len(tokens)} tokens")
+            self.prefix_cache.add(tokens, [(layer.keys[r].index_select(1, cols), layer.values[r].index_select(1, cols))
+                                           for layer in layers])
 
     @torch.inference_mode()
     def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None) -> list[Generation]:
@@ -218,10 +301,13 @@ class HFEngine:
         position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
 
         rows = list(range(B))  # batch row -> output index, for the live rows
-        cache, logits, attn = self._prefill(input_ids, attn, position_ids)
+        hits = [self.prefix_cache.match(p) for p in prompts] if self.prefix_cache is not None else None
+        cache, logits, attn = self._prefill(input_ids, attn, position_ids, prompts, hits)
         step_pos, kw = position_ids, self.cache_kw
         for step in range(max_new):
-            if step:
+            if step and self.fast is not None:
+                logits = self.fast.step(step_input, step_pos, attn, cache)
+            elif step:
                 out = self.model(input_ids=step_input, attention_mask=attn, position_ids=step_pos, use_cache=True,
                                  logits_to_keep=1, **{kw: cache})
                 cache = getattr(out, kw)
@@ -253,7 +339,11 @@ class HFEngine:
                         reasons[i] = "stop"
                         continue
                 keep.append(r)
-            if not keep or step == max_new - 1:
+            last = not keep or step == max_new - 1
+            if self.prefix_cache is not None and (last or len(keep) < len(rows)):
+                ended = range(len(rows)) if last else sorted(set(range(len(rows))) - set(keep))
+                self._remember(cache, attn, [(r, rows[r]) for r in ended], prompts, out_ids)
+            if last:
                 break
 
             next_tokens = tokens.unsqueeze(-1)

@@ -265,6 +265,11 @@ class AgentLoop:
         """
         cfg = self.cfg
         self.check_abandon()
+        # An engine's prefix cache (engines/prefix_cache.py) starts empty: what this rollout samples does not
+        # depend on what an earlier one left there (a resumed run samples as an uninterrupted one does).
+        reset = getattr(self.engine, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()
         if cfg.mode == "episodes":  # each episode on its own: rollout/episodes.py
             from openmanus_rl_core.rollout.episodes import EpisodeRunner
 
