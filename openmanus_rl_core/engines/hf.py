@@ -73,12 +73,14 @@ class HFEngine:
     (bench/RESULTS.md, "GPU"). ``prefix_cache_mb``: the most megabytes of keys and values kept from earlier calls,
     so that a multi-turn prompt prefills only what follows the last turn (:mod:`.prefix_cache`); 0 turns it off.
     ``fast_decode``: decoding steps of a Llama-family model run in plain torch calls (:mod:`.fast_decode`), not
-    through the model's forward; other models always use their forward.
+    through the model's forward; other models always use their forward. None: on a CPU, where it was measured
+    (bench/hf_engine.py), and off on an accelerator, where it is not yet and where its fused copy of the q/k/v and
+    gate/up weights takes memory.
     """
 
     def __init__(self, model: Any, tokenizer: Any, device: str | torch.device = "cpu", seed: int = 0,
                  num_threads: int | None = None, share_prompts: bool = True, prefix_cache_mb: float = 1024,
-                 fast_decode: bool = True):
+                 fast_decode: bool | None = None):
         self.num_threads = int(num_threads) if num_threads else None
         self.device = torch.device(device)
         self.share_prompts = bool(share_prompts)
@@ -88,6 +90,8 @@ class HFEngine:
         avoid_cudnn_attention(self.device)
         self.model = model.to(self.device)
         self.model.eval()
+        if fast_decode is None:
+            fast_decode = self.device.type == "cpu"
         self.fast = FastDecode.for_model(self.model) if fast_decode else None
         self.tokenizer = tokenizer
         self.generator = torch.Generator(device=self.device)
