@@ -22,7 +22,9 @@ Columns, over steps 2..N of each run (step 1 fills the stream and pays one-time 
 - rollout-wait share: the share of the step the trainer spends waiting for episodes (``timing/rollout`` /
   ``timing/step``: for (a) and (b) the whole rollout, env waits included; for the stream only the wait for
   the batch's last groups);
-- staleness: the mean staleness of the trained samples (``stream/staleness_mean``, 0 without the stream).
+- staleness: the mean staleness of the trained samples (``stream/staleness_mean``, 0 without the stream);
+- generate s: the stream's seconds inside the engine's ``generate`` per step, both ranks summed
+  (``timing/generate``; only the stream logs it, so (a) and (b) show ``-``).
 
 The machine's load average is printed before and after each row; take numbers on a quiet machine.
 
@@ -84,19 +86,23 @@ def summarize(rows: list[dict]) -> dict:
         "step_s": statistics.median(step_s),
         "wait_share": statistics.median(r["timing/rollout"] / r["timing/step"] for r in steps_rows),
         "staleness": statistics.mean(r.get("stream/staleness_mean", 0.0) for r in steps_rows),
+        "generate_s": statistics.median(gen) if (gen := [r["timing/generate"] for r in steps_rows
+                                                          if "timing/generate" in r]) else None,
     }
 
 
 def throughput_table(results: dict[str, list[dict]], first: str) -> None:
     base = statistics.median(r["samples_per_s"] for r in results[first])
-    print("\n| row | samples/s | vs first row | s/step | rollout-wait share | staleness | load avg |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| row | samples/s | vs first row | s/step | rollout-wait share | staleness | generate s | load avg |")
+    print("|---|---|---|---|---|---|---|---|")
     for key, runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in ("samples_per_s", "step_s", "wait_share",
                                                                    "staleness")}
+        gen = [r["generate_s"] for r in runs if r["generate_s"] is not None]
         loads = f"{min(r['load'][0] for r in runs):.1f}-{max(r['load'][1] for r in runs):.1f}"
         print(f"| {ROWS[key][0]} | {med['samples_per_s']:.1f} | {med['samples_per_s'] / base:.2f}x | "
-              f"{med['step_s']:.2f} | {med['wait_share']:.2f} | {med['staleness']:.2f} | {loads} |")
+              f"{med['step_s']:.2f} | {med['wait_share']:.2f} | {med['staleness']:.2f} | "
+              f"{f'{statistics.median(gen):.2f}' if gen else '-'} | {loads} |")
 
 
 def run_row(overrides: list[str], steps: int, out_dir: Path) -> dict:

@@ -294,7 +294,8 @@ class RolloutEngine(Protocol):
     # Optional (not part of the runtime check): ``sleep()`` frees the engine's accelerator memory while the
     # colocated actor trains, ``wake_up()`` takes it back; ``generate`` and ``update_weights`` wake the engine by
     # themselves. The actor worker calls ``sleep()`` after every rollout when the engine has it
-    # (``rollout.sleep_after_rollout``).
+    # (``rollout.sleep_after_rollout``). ``reset_prefix_cache()`` forgets what earlier calls cached; the agent loop
+    # calls it when a rollout starts, so a rollout's samples never depend on an earlier one (engines/prefix_cache.py).
     # Optional class attributes: ``trainable = False`` makes ``train`` refuse the engine (one line, exit 2);
     # ``needs_model = False`` makes ``rollout`` and ``eval`` build it with the run's ``tokenizer`` only (no ``model``,
     # no weights loaded): an engine whose model is served elsewhere (``openai``).

@@ -74,8 +74,6 @@ def test_generation_through_the_fast_step_equals_the_models_forward(qwen2, arch)
     _, slow = _generate(model, tok, prompts, fast=False)
     _assert_same(fast, slow)
     assert len({tuple(g.token_ids) for g in fast}) > 3  # the rows sampled different tokens
-    assert min(len(g.token_ids) for g in fast) < max(len(g.token_ids) for g in fast) or \
-        all(len(g.token_ids) == 10 for g in fast)
 
 
 def test_new_weights_reach_the_fast_step(qwen2):

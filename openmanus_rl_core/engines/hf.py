@@ -127,9 +127,7 @@ class HFEngine:
         """
         if self.asleep:
             return
-        self.reset_prefix_cache()
-        if self.fast is not None:
-            self.fast.release()
+        self._forget_weights()
         if self.device.type != "cpu":
             self.model.to("cpu")
             if self.device.type == "cuda":
@@ -149,6 +147,13 @@ class HFEngine:
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
 
+    def _forget_weights(self) -> None:
+        """Drop what was computed from the current weights (new ones are coming, or their memory is freed): the
+        prefix cache's keys and values, and the fused decoding step's products."""
+        self.reset_prefix_cache()
+        if self.fast is not None:
+            self.fast.release()
+
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
         for source in (self.tokenizer.eos_token_id, getattr(getattr(self.model, "generation_config", None),
@@ -162,9 +167,7 @@ class HFEngine:
     def update_weights(self, state_dict: dict[str, Any]) -> None:
         """Load new weights in memory (strict: every key must match). Tied ``lm_head.weight`` may be omitted."""
         self.wake_up()
-        self.reset_prefix_cache()  # keys and values of the old weights
-        if self.fast is not None:
-            self.fast.release()
+        self._forget_weights()
         sd = dict(state_dict)
         own = self.model.state_dict()
         tied = getattr(getattr(self.model, "config", None), "tie_word_embeddings", False)

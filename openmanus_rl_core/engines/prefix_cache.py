@@ -79,30 +79,31 @@ class PrefixCache:
         """The entry holding the longest prefix of ``prompt`` and that prefix's length (at most ``len - 1``);
         ``(None, 0)`` when none is cached."""
         self.prompt_tokens += len(prompt)
-        eid, k = self._find(list(prompt), len(prompt) - 1)
+        tokens = list(prompt)
+        eid, k = self._find(tokens, _block_keys(tokens, len(tokens) - 1), len(tokens) - 1)
         if eid is None:
             return None, 0
         self.entries.move_to_end(eid)
         self.hit_tokens += k
         return self.entries[eid], k
 
-    def _find(self, tokens: list[int], limit: int) -> tuple[int | None, int]:
-        """The newest entry holding the most whole blocks of ``tokens[:limit]``, and how many of its tokens match
-        (the blocks compared token by token, then a partial block)."""
-        found, h, m = None, 0, 0
-        for start in range(0, limit - BLOCK + 1, BLOCK):
-            h = hash((h, tuple(tokens[start:start + BLOCK])))
-            ids = self.index.get(h)
+    def _find(self, tokens: list[int], keys: list[int], limit: int) -> tuple[int | None, int]:
+        """The newest entry holding the most whole blocks of ``tokens`` (``keys``: their block keys within
+        ``tokens[:limit]``), and how many of its tokens match (the blocks compared token by token, then a partial
+        block)."""
+        found, m = None, 0
+        for n, key in enumerate(keys, start=1):
+            ids = self.index.get(key)
             if not ids:
                 break
-            found, m = next(reversed(ids)), start + BLOCK
+            found, m = next(reversed(ids)), n * BLOCK
         if found is None:
             return None, 0
         cached = self.entries[found].tokens
         if cached[:m] != tokens[:m]:  # a key collision
             return None, 0
-        n = min(limit, len(cached))
-        while m < n and cached[m] == tokens[m]:
+        end = min(limit, len(cached))
+        while m < end and cached[m] == tokens[m]:
             m += 1
         return found, m
 
@@ -112,7 +113,7 @@ class PrefixCache:
         if len(tokens) < BLOCK:
             return
         keys = _block_keys(tokens, len(tokens))
-        eid, k = self._find(tokens, len(tokens))
+        eid, k = self._find(tokens, keys, len(tokens))
         if eid is not None and k == len(self.entries[eid].tokens):
             self._evict(eid)  # the same sequence, a turn ago
         entry = Entry(tokens=tokens, kv=kv, keys=keys,

@@ -265,8 +265,8 @@ class AgentLoop:
         """
         cfg = self.cfg
         self.check_abandon()
-        # An engine's prefix cache (engines/prefix_cache.py) starts empty: what this rollout samples does not
-        # depend on what an earlier one left there (a resumed run samples as an uninterrupted one does).
+        # The engine's prefix cache starts empty (protocols.RolloutEngine): a resumed run samples as an
+        # uninterrupted one does.
         reset = getattr(self.engine, "reset_prefix_cache", None)
         if reset is not None:
             reset()
