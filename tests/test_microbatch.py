@@ -178,7 +178,8 @@ def test_auto_sharding_replicates_a_model_that_fits_and_shards_one_that_does_not
 
 
 def test_the_sharding_choices_give_the_same_update_on_two_ranks(model_dir, tmp_path):
-    """Two gloo ranks, the token-budget micro-batches (several per step, so gradients accumulate), one update."""
+    """Two gloo ranks, the token-budget micro-batches (several per step, so gradients accumulate), one update, then
+    the weight sync into each rank's engine."""
     proc = subprocess.run([sys.executable, str(HERE / "uneven_update.py"), model_dir, str(tmp_path), "2",
                            "full,grad_op,replicate", "actor.max_tokens_per_micro_batch=300"],
                           capture_output=True, text=True, timeout=300)
@@ -188,6 +189,8 @@ def test_the_sharding_choices_give_the_same_update_on_two_ranks(model_dir, tmp_p
         assert result["sharding"].startswith(name)
     full = results["full"]
     assert float(full["delta"].abs().max()) > 1e-3
+    for name in results:  # the weight sync: each rank's engine holds the trained weights, exactly
+        assert [torch.load(tmp_path / f"{name}-engine-gap-{rank}.pt") for rank in (0, 1)] == [0.0, 0.0], name
     for name in ("grad_op", "replicate"):
         gap = float((results[name]["delta"] - full["delta"]).abs().max())
         assert gap < 1e-5, (name, gap)

@@ -6,7 +6,8 @@
 runs ``RANKS`` processes (``--group N``: the batch's rows share prompts in groups of N); for each ``actor.sharding`` choice in turn they form a gloo group, build an
 :class:`ActorWorker` with the overrides, and make one update on their share of :func:`uneven_batch`; rank 0 saves
 the parameter change and the metrics to ``OUT_DIR/<choice>.pt``. One launch for every choice: the processes and
-their imports are paid once. ``--chunks 0,4,12``: instead of one update, the rows from each start to the next
+their imports are paid once. Every rank then syncs its rollout engine and saves the largest gap between the
+engine's weights and the trained ones to ``OUT_DIR/<choice>-engine-gap-<rank>.pt``. ``--chunks 0,4,12``: instead of one update, the rows from each start to the next
 (whole groups) are one chunk, split among the ranks as the trainer does, each accumulated
 (``ActorWorker.accumulate``), then one ``step_accumulated``: the overlapped update.
 """
@@ -124,6 +125,9 @@ def _rank(rank: int, world: int, model_dir: str, out: str, ports: list[int], cho
         else:
             metrics = w.update(shards[rank], step=1)
         delta = flat_params(w) - before
+        w.sync_rollout_weights()  # every rank's engine must then hold the trained weights
+        engine = torch.cat([p.detach().flatten() for p in w.engine.model.parameters()])
+        torch.save(float((engine - flat_params(w)).abs().max()), f"{out}/{choice}-engine-gap-{rank}.pt")
         if rank == 0:
             torch.save({"delta": delta, "metrics": metrics, "sharding": info["sharding"]}, f"{out}/{choice}.pt")
         w.shutdown()

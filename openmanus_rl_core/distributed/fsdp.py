@@ -54,6 +54,7 @@ class FullSharding:
 
     name = "full"
     collective_forward = True  # every rank must run the same number of forward passes
+    whole_on_every_rank = False  # each rank holds the same whole weights (a weight sync needs no collective)
 
     def wrap(self, model: torch.nn.Module, mixed_precision: str | None) -> torch.nn.Module:
         return apply_fsdp(model, mixed_precision)
@@ -95,6 +96,7 @@ class ReplicateSharding(FullSharding):
 
     name = "replicate"
     collective_forward = False
+    whole_on_every_rank = True
 
     def wrap(self, model: torch.nn.Module, mixed_precision: str | None) -> torch.nn.Module:
         import torch.distributed as dist

@@ -280,30 +280,41 @@ class ActorWorker(Worker):
         """Push the trained weights into this rank's rollout engine (in memory); returns seconds taken.
         ``version``: the policy version they are (optimizer steps completed), recorded on the tokens they generate.
 
-        Gathers the full state dict on rank 0 (CPU), merges LoRA adapters into their base weights when LoRA is on,
-        broadcasts each tensor over the CPU group, then every rank loads it into its engine.
+        A sharded model: gathers the full state dict on rank 0 (CPU), merges LoRA adapters into their base weights
+        when LoRA is on, broadcasts each tensor over the CPU group, then every rank loads it into its engine.
+        Replicas (``actor.sharding=replicate``) hold the same whole weights after every step: each rank loads its
+        own, with no collective.
         """
-        import torch.distributed as dist
-
         t0 = time.perf_counter()
-        sd = gather_full_state(self.model, self.rank)
-        if self.rank == 0:
-            sd = self._engine_weights(sd)  # with LoRA, merge before the broadcast: fewer, plain tensors
-        meta = [[(k, tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in sd.items()]] if self.rank == 0 \
-            else [None]
-        if self.world_size > 1:
-            dist.broadcast_object_list(meta, src=0, group=self.cpu_group)
-            if self.rank != 0:
-                sd = {k: torch.empty(shape, dtype=getattr(torch, dt)) for k, shape, dt in meta[0]}
-            for k in [m[0] for m in meta[0]]:
-                t = sd[k].contiguous()
-                dist.broadcast(t, src=0, group=self.cpu_group)
-                sd[k] = t
+        if self.sharding.whole_on_every_rank:
+            sd = self._engine_weights(self.model.state_dict())
+        else:
+            sd = self._gathered_engine_weights()
         with self.engine_lock:
             self.engine.update_weights(sd)
             if version is not None:
                 self.policy_version = int(version)
         return time.perf_counter() - t0
+
+    def _gathered_engine_weights(self) -> dict:
+        """The engine's weights of a sharded model, on every rank: gathered on rank 0, then broadcast."""
+        import torch.distributed as dist
+
+        sd = gather_full_state(self.model, self.rank)
+        if self.rank == 0:
+            sd = self._engine_weights(sd)  # with LoRA, merge before the broadcast: fewer, plain tensors
+        if self.world_size == 1:
+            return sd
+        meta = [[(k, tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in sd.items()]] if self.rank == 0 \
+            else [None]
+        dist.broadcast_object_list(meta, src=0, group=self.cpu_group)
+        if self.rank != 0:
+            sd = {k: torch.empty(shape, dtype=getattr(torch, dt)) for k, shape, dt in meta[0]}
+        for k in [m[0] for m in meta[0]]:
+            t = sd[k].contiguous()
+            dist.broadcast(t, src=0, group=self.cpu_group)
+            sd[k] = t
+        return sd
 
     # ----------------------------------------------------------------------------------------- checkpoint
     def _generators(self) -> dict[str, torch.Generator]:
