@@ -135,7 +135,10 @@ def test_a_row_given_a_wrong_prefix_fails_the_equality(model_dir, dist_group, tu
     assert logp_gap > 1e-3 and grad_gap > 1e-4 and metric_gap > 1e-4, (logp_gap, grad_gap, metric_gap)
 
 
-@pytest.mark.parametrize("rows", [["--group", "4"], ["--turns"]], ids=["groups", "turns"])
+# make test runs GRPO groups; per-turn layouts take the same sharded path (make test-long), and their sharing is
+# checked on one rank above
+@pytest.mark.parametrize("rows", [["--group", "4"], pytest.param(["--turns"], marks=pytest.mark.long)],
+                         ids=["groups", "turns"])
 def test_the_sharding_choices_with_shared_prompts_equal_the_rows_run_one_by_one(model_dir, tmp_path, rows):
     """Two gloo ranks: FSDP2 full shard runs the prefixes and the rests as two forward passes before one backward.
     Both choices with shared prompts against the update of the same rows run one by one; GRPO groups, and
