@@ -80,14 +80,14 @@ def summarize(rows: list[dict]) -> dict:
     """Throughput over steps 2..N of one run's metrics rows (step 1 fills the stream and pays one-time costs)."""
     steps_rows = [r for r in rows if r.get("step", 0) >= 2 and "timing/step" in r]
     step_s = [r["timing/step"] for r in steps_rows]
+    gen = [r["timing/generate"] for r in steps_rows if "timing/generate" in r]
     episodes = [r.get("stream/groups", 16) * 8 for r in steps_rows]
     return {
         "samples_per_s": sum(episodes) / sum(step_s),
         "step_s": statistics.median(step_s),
         "wait_share": statistics.median(r["timing/rollout"] / r["timing/step"] for r in steps_rows),
         "staleness": statistics.mean(r.get("stream/staleness_mean", 0.0) for r in steps_rows),
-        "generate_s": statistics.median(gen) if (gen := [r["timing/generate"] for r in steps_rows
-                                                          if "timing/generate" in r]) else None,
+        "generate_s": statistics.median(gen) if gen else None,
     }
 
 

@@ -38,7 +38,8 @@ one-thread processes are barely affected. So the single-process rows run at each
 and torch's default, i.e. all cores), and the table prints the machine's load average before and after.
 
 A step's wall time is taken with ``time.perf_counter`` around the whole step (generation, reward, advantages,
-update, weight sync); the first ``--warmup`` steps are dropped. samples/s = prompts x group / mean step time.
+update, weight sync); the first ``--warmup`` steps are dropped. The trainer row also prints each timed step and
+the median of each phase (its ``timing/*`` metrics). samples/s = prompts x group / mean step time.
 """
 
 from __future__ import annotations
@@ -218,18 +219,21 @@ def run_ours(spec: dict) -> dict:
         try:
             trainer.setup()
             trainer.skipped_steps = 0  # fit() sets it; train_step counts into it
-            times, lengths = [], []
+            times, lengths, timings = [], [], []
             for step in range(1, a["warmup"] + a["steps"] + 1):
                 t0 = time.perf_counter()
                 m = trainer.train_step(step)
                 times.append(time.perf_counter() - t0)
                 lengths.append(m["train/response_length"])
+                timings.append({k.removeprefix("timing/"): v for k, v in m.items() if k.startswith("timing/")})
             workers, threads = int(cfg.trainer.num_workers), int(cfg.trainer.torch_threads)
             sharding = str(trainer.actor.setup_info[0].get("sharding", "full")).split(" ")[0]
         finally:
             trainer.shutdown()
+    timed = timings[a["warmup"]:]
+    phases = {k: statistics.median(t[k] for t in timed) for k in timed[0] if k != "step"}
     return {"impl": "ours (trainer)", "step_times": times, "completion_len": statistics.mean(lengths[a["warmup"]:]),
-            "setup": f"Ray, {workers} workers ({sharding}) x {threads} thread(s)"}
+            "setup": f"Ray, {workers} workers ({sharding}) x {threads} thread(s)", "phases": phases}
 
 
 class InProcessGRPO:
@@ -407,6 +411,10 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"{row['impl']:<24} {mean:>8.3f} {row['min_step_s']:>7.3f} {row['samples_per_s']:>10.2f} "
               f"{row['completion_tokens_per_s']:>10.0f} {row['completion_len']:>10.1f}  {row['setup']}")
+    for r in rows:
+        if r.get("phases"):
+            print(f"{r['impl']}: timed steps {', '.join(f'{t:.2f}' for t in r['step_times'][args.warmup:])} s; "
+                  f"median phase s: {', '.join(f'{k} {v:.3f}' for k, v in r['phases'].items())}")
     trls = [r for r in rows if r["impl"].startswith("TRL")]
     if trls:
         best = max(trls, key=lambda r: r["samples_per_s"])

@@ -53,8 +53,9 @@ class FullSharding:
     (forward and backward) and reduce-scatters its gradients."""
 
     name = "full"
-    collective_forward = True  # every rank must run the same number of forward passes
-    whole_on_every_rank = False  # each rank holds the same whole weights (a weight sync needs no collective)
+    # False: the parameters are sharded, so a forward pass is a collective (every rank runs the same number) and
+    # a weight sync gathers them. True: every rank holds the same whole weights, and neither needs a collective.
+    whole_on_every_rank = False
 
     def wrap(self, model: torch.nn.Module, mixed_precision: str | None) -> torch.nn.Module:
         return apply_fsdp(model, mixed_precision)
@@ -95,7 +96,6 @@ class ReplicateSharding(FullSharding):
     over the ranks in one all-reduce of one flat buffer per optimizer step."""
 
     name = "replicate"
-    collective_forward = False
     whole_on_every_rank = True
 
     def wrap(self, model: torch.nn.Module, mixed_precision: str | None) -> torch.nn.Module:

@@ -155,7 +155,7 @@ class Worker:
         agree on the count (the largest any rank needs): a sharded model's forward passes are collectives."""
         prompt, resp = row_extents(batch)
         index = plan_micro_batches(prompt, resp, max_tokens, max_rows)
-        if max_tokens and self.world_size > 1 and self.sharding.collective_forward:
+        if max_tokens and self.world_size > 1 and not self.sharding.whole_on_every_rank:
             import torch.distributed as dist
 
             k = torch.tensor([len(index)], device=self.device)
