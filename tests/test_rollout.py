@@ -469,6 +469,32 @@ def test_env_call_pool_timeouts_do_not_starve():
         block.set()
 
 
+def test_env_call_pool_threads_keep_nothing_of_a_finished_call():
+    """An idle worker holds no reference to its last call: otherwise the thread drops it when it ends, and a daemon
+    thread freeing an engine's torch tensors while the interpreter exits aborts the process."""
+    import gc
+    import weakref
+
+    class Env:
+        def step(self, action):
+            return action
+
+    pool = EnvCallPool()
+    env = Env()
+    gone = weakref.ref(env)
+    try:
+        [(status, value)] = pool.collect([pool.submit(env.step, "go")], 2.0)
+        assert (status.value, value) == ("ok", "go")
+        del env
+        deadline = time.monotonic() + 2.0  # the worker lets go just after it sets the result
+        while gone() is not None and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.01)
+        assert gone() is None  # the worker is still alive, idle on its queue, and keeps nothing
+    finally:
+        pool.shutdown()
+
+
 def test_tokenizer_corpus_uses_the_oracle():
     class Oracle:
         instruction = "guess"

@@ -67,13 +67,18 @@ class EnvCallPool:
                     return
                 self._pending -= 1
             fut, fn, args = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            fut.started_at = time.monotonic()  # type: ignore[attr-defined]
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001  (everything an env raises becomes that episode's error)
-                fut.set_exception(exc)
+            # The thread keeps nothing of a call once it is done: the last reference to an env (or the episode
+            # behind a bound method, holding the engine's tensors) would otherwise be dropped when the thread
+            # ends, and a daemon thread that frees a torch tensor while the interpreter exits aborts the process
+            # ("terminate called without an active exception").
+            item = None
+            if fut.set_running_or_notify_cancel():
+                fut.started_at = time.monotonic()  # type: ignore[attr-defined]
+                try:
+                    fut.set_result(fn(*args))
+                except BaseException as exc:  # noqa: BLE001  (everything an env raises becomes that episode's error)
+                    fut.set_exception(exc)
+            fut = fn = args = None
 
     def shutdown(self) -> None:
         """Let every worker exit once it is free (a hung one when its call returns). Submit no more after this."""
