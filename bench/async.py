@@ -13,7 +13,9 @@ validation. Rows:
 - (b') ``rollout.max_staleness=0 rollout.overlap_update=true`` (row key ``o``): episodes on their own in the stream
   at eta 0, and the policy gradient of each complete group computed while the rest of the batch plays; still
   on-policy, the same update as (b);
-- (c)-(e) ``rollout.max_staleness=1, 2, 4``: the group stream, rollouts keep running while the trainer updates.
+- (c)-(e) ``rollout.max_staleness=1, 2, 4``: the group stream, rollouts keep running while the trainer updates;
+- (d') ``rollout.max_staleness=2 rollout.stale_policy=drop`` (row key ``D``): (d), but a group that would be trained
+  staler than eta is thrown away instead of waited for.
 
 Columns, over steps 2..N of each run (step 1 fills the stream and pays one-time costs), median over the repeats:
 
@@ -23,6 +25,9 @@ Columns, over steps 2..N of each run (step 1 fills the stream and pays one-time 
   ``timing/step``: for (a) and (b) the whole rollout, env waits included; for the stream only the wait for
   the batch's last groups);
 - staleness: the mean staleness of the trained samples (``stream/staleness_mean``, 0 without the stream);
+- dropped: groups thrown away as too stale per step (``rollout/groups_dropped``, the stream only);
+- turns trained / generated: the mean turns of the trained episodes against those of every episode the stream
+  completed (``stream/trained_turns``, ``stream/generated_turns``): a drop that favours short episodes shows here;
 - generate s: the stream's seconds inside the engine's ``generate`` per step, both ranks summed
   (``timing/generate``; only the stream logs it, so (a) and (b) show ``-``).
 
@@ -53,6 +58,7 @@ ROWS = {
     "c": ("(c) stream, eta=1", ["rollout.max_staleness=1"]),
     "d": ("(d) stream, eta=2", ["rollout.max_staleness=2"]),
     "e": ("(e) stream, eta=4", ["rollout.max_staleness=4"]),
+    "D": ("(d') stream, eta=2, stale groups dropped", ["rollout.max_staleness=2", "rollout.stale_policy=drop"]),
 }
 QUIET = ["trainer.val_freq=0", "trainer.val_before_train=false", "trainer.val_at_end=false", "trainer.progress=false",
          "trainer.save_freq=0"]
@@ -88,20 +94,35 @@ def summarize(rows: list[dict]) -> dict:
         "wait_share": statistics.median(r["timing/rollout"] / r["timing/step"] for r in steps_rows),
         "staleness": statistics.mean(r.get("stream/staleness_mean", 0.0) for r in steps_rows),
         "generate_s": statistics.median(gen) if gen else None,
+        "dropped": statistics.mean(r.get("rollout/groups_dropped", 0.0) for r in steps_rows),
+        "turns": _turns(steps_rows),
     }
+
+
+def _turns(rows: list[dict]) -> tuple[float, float] | None:
+    """Mean turns of the trained episodes and of every episode the stream completed (None without the stream)."""
+    if not all("stream/trained_turns" in r for r in rows):
+        return None
+    generated = [r["stream/generated_turns"] for r in rows if r["stream/generated_turns"] > 0]  # 0: none completed
+    return (statistics.mean(r["stream/trained_turns"] for r in rows), statistics.mean(generated)) if generated else None
 
 
 def throughput_table(results: dict[str, list[dict]], first: str) -> None:
     base = statistics.median(r["samples_per_s"] for r in results[first])
-    print("\n| row | samples/s | vs first row | s/step | rollout-wait share | staleness | generate s | load avg |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| row | samples/s | vs first row | s/step | rollout-wait share | staleness | dropped/step | "
+          "turns trained / generated | generate s | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for key, runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in ("samples_per_s", "step_s", "wait_share",
                                                                    "staleness")}
         gen = [r["generate_s"] for r in runs if r["generate_s"] is not None]
         loads = f"{min(r['load'][0] for r in runs):.1f}-{max(r['load'][1] for r in runs):.1f}"
+        turns = [r["turns"] for r in runs if r.get("turns")]
+        turns_s = (f"{statistics.median(t[0] for t in turns):.2f} / {statistics.median(t[1] for t in turns):.2f}"
+                   if turns else "-")
+        dropped = statistics.median(r.get("dropped", 0.0) for r in runs)
         print(f"| {ROWS[key][0]} | {med['samples_per_s']:.1f} | {med['samples_per_s'] / base:.2f}x | "
-              f"{med['step_s']:.2f} | {med['wait_share']:.2f} | {med['staleness']:.2f} | "
+              f"{med['step_s']:.2f} | {med['wait_share']:.2f} | {med['staleness']:.2f} | {dropped:.2f} | {turns_s} | "
               f"{f'{statistics.median(gen):.2f}' if gen else '-'} | {loads} |")
 
 
@@ -139,7 +160,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (6; --learning: 20)")
-    p.add_argument("--rows", default=None, help="rows to run (a,b,o,c,d,e; --learning: a,b,d)")
+    p.add_argument("--rows", default=None, help="rows to run (a,b,o,c,d,e,D; --learning: a,b,d)")
     p.add_argument("--learning", action="store_true", help="final validation success over seeds instead")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--model", default=None, help="a warmed-up model folder to start from (default: made anew)")
