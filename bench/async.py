@@ -1,6 +1,6 @@
 """Benchmark: lockstep rollout against episodes on their own and the bounded-staleness group stream.
 
-    python bench/async.py [--repeats 3] [--steps 6] [--rows a,b,o,c,d,e] [--json out.json] [hydra overrides ...]
+    python bench/async.py [--repeats 3] [--steps 6] [--rows a,b,o,c,d,e,D] [--json out.json] [hydra overrides ...]
 
 First the embedded default's model is warmed up once on key_door's demonstrations (the default 120 supervised
 steps, so replies and episode lengths are those of a learning policy) and exported. Every row is then ``openmanus-rl train`` of that
@@ -138,9 +138,9 @@ def learning(rows: list[str], seeds: list[int], steps: int, model: str | None, e
     with tempfile.TemporaryDirectory() as tmp:
         model = model or warmed_model(Path(tmp))
         for seed in seeds:
-            for key in rows:
+            for key in rows:  # run folders by the row's index: keys d and D differ only in case
                 r = run_row([f"model.path={model}", f"seed={seed}", "trainer.val_at_end=true", *ROWS[key][1],
-                             *extra], steps, Path(tmp) / f"{key}-{seed}")
+                             *extra], steps, Path(tmp) / f"{list(ROWS).index(key)}-{seed}")
                 r["final"] = [x for x in r.pop("rows") if "val/success_rate" in x][-1]["val/success_rate"]
                 results.setdefault(key, []).append(r)
                 print(f"{ROWS[key][0]} seed {seed}: final val success {r['final']:.3f}, "
@@ -176,7 +176,7 @@ def main() -> None:
         for rep in range(args.repeats):  # rows interleaved: a slow minute hurts every row alike
             for key in args.rows.split(","):
                 name, overrides = ROWS[key]
-                r = run_row([*overrides, *extra], args.steps, Path(tmp) / f"{key}{rep}")
+                r = run_row([*overrides, *extra], args.steps, Path(tmp) / f"{list(ROWS).index(key)}-{rep}")
                 r.pop("rows")
                 results.setdefault(key, []).append(r)
                 print(f"{name} run {rep + 1}: {r['samples_per_s']:.1f} samples/s, {r['step_s']:.2f} s/step, "

@@ -477,20 +477,23 @@ def test_env_call_pool_threads_keep_nothing_of_a_finished_call():
 
     class Env:
         def step(self, action):
+            if action == "bad":
+                raise ValueError("bad action")
             return action
 
-    pool = EnvCallPool()
-    env = Env()
-    gone = weakref.ref(env)
+    pool = EnvCallPool(max_workers=1)  # one worker: both calls run on the same thread, which stays alive
     try:
-        [(status, value)] = pool.collect([pool.submit(env.step, "go")], 2.0)
-        assert (status.value, value) == ("ok", "go")
-        del env
-        deadline = time.monotonic() + 2.0  # the worker lets go just after it sets the result
-        while gone() is not None and time.monotonic() < deadline:
-            gc.collect()
-            time.sleep(0.01)
-        assert gone() is None  # the worker is still alive, idle on its queue, and keeps nothing
+        for action, expected in (("go", ("ok", "go")), ("bad", ("error", "bad action"))):
+            env = Env()
+            gone = weakref.ref(env)
+            [(status, value)] = pool.collect([pool.submit(env.step, action)], 2.0)
+            assert (status.value, str(value)) == expected
+            del env, value  # an error's traceback refers to the env's frame: the caller lets go of it here
+            deadline = time.monotonic() + 2.0  # the worker lets go just after it sets the result
+            while gone() is not None and time.monotonic() < deadline:
+                gc.collect()
+                time.sleep(0.01)
+            assert gone() is None, action  # the worker is idle on its queue and keeps nothing of the call
     finally:
         pool.shutdown()
 
