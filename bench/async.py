@@ -117,13 +117,18 @@ def throughput_table(results: dict[str, list[dict]], first: str) -> None:
                                                                    "staleness")}
         gen = [r["generate_s"] for r in runs if r["generate_s"] is not None]
         loads = f"{min(r['load'][0] for r in runs):.1f}-{max(r['load'][1] for r in runs):.1f}"
-        turns = [r["turns"] for r in runs if r.get("turns")]
+        turns = [r["turns"] for r in runs if r["turns"]]
         turns_s = (f"{statistics.median(t[0] for t in turns):.2f} / {statistics.median(t[1] for t in turns):.2f}"
                    if turns else "-")
-        dropped = statistics.median(r.get("dropped", 0.0) for r in runs)
+        dropped = statistics.median(r["dropped"] for r in runs)
         print(f"| {ROWS[key][0]} | {med['samples_per_s']:.1f} | {med['samples_per_s'] / base:.2f}x | "
               f"{med['step_s']:.2f} | {med['wait_share']:.2f} | {med['staleness']:.2f} | {dropped:.2f} | {turns_s} | "
               f"{f'{statistics.median(gen):.2f}' if gen else '-'} | {loads} |")
+
+
+def run_dir(tmp: str, key: str, i: int) -> Path:
+    """A run's output folder, named by the row's index: keys d and D differ only in case."""
+    return Path(tmp) / f"{list(ROWS).index(key)}-{i}"
 
 
 def run_row(overrides: list[str], steps: int, out_dir: Path) -> dict:
@@ -138,9 +143,9 @@ def learning(rows: list[str], seeds: list[int], steps: int, model: str | None, e
     with tempfile.TemporaryDirectory() as tmp:
         model = model or warmed_model(Path(tmp))
         for seed in seeds:
-            for key in rows:  # run folders by the row's index: keys d and D differ only in case
+            for key in rows:
                 r = run_row([f"model.path={model}", f"seed={seed}", "trainer.val_at_end=true", *ROWS[key][1],
-                             *extra], steps, Path(tmp) / f"{list(ROWS).index(key)}-{seed}")
+                             *extra], steps, run_dir(tmp, key, seed))
                 r["final"] = [x for x in r.pop("rows") if "val/success_rate" in x][-1]["val/success_rate"]
                 results.setdefault(key, []).append(r)
                 print(f"{ROWS[key][0]} seed {seed}: final val success {r['final']:.3f}, "
@@ -176,7 +181,7 @@ def main() -> None:
         for rep in range(args.repeats):  # rows interleaved: a slow minute hurts every row alike
             for key in args.rows.split(","):
                 name, overrides = ROWS[key]
-                r = run_row([*overrides, *extra], args.steps, Path(tmp) / f"{list(ROWS).index(key)}-{rep}")
+                r = run_row([*overrides, *extra], args.steps, run_dir(tmp, key, rep))
                 r.pop("rows")
                 results.setdefault(key, []).append(r)
                 print(f"{name} run {rep + 1}: {r['samples_per_s']:.1f} samples/s, {r['step_s']:.2f} s/step, "
