@@ -76,6 +76,27 @@ def test_generation_through_the_fast_step_equals_the_models_forward(qwen2, arch)
     assert len({tuple(g.token_ids) for g in fast}) > 3  # the rows sampled different tokens
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_long_replies_with_rows_leaving_equal_the_models_forward(qwen2, arch):
+    """150 new tokens: each layer's slab fills and is replaced by a larger one (its room is 64 columns past the
+    prompt); rows stop at different steps, so the cache's rows are selected (new tensors) while the others go on."""
+    model, tok = qwen2
+    if arch == "llama":
+        model = _llama(len(tok))
+    prompts = _prompts(tok)
+    params = SamplingParams(max_new_tokens=150, temperature=1.0, top_p=1.0, top_k=0)
+    gens = []
+    for fast in (True, False):
+        engine = HFEngine(model, tok, seed=7, prefix_cache_mb=0, fast_decode=fast)
+        engine.eos_token_ids = set(range(40, 44))  # a few common ids end rows at scattered steps
+        gens.append(engine.generate(prompts, params))
+        if fast:
+            assert engine.fast.slabs == []  # a finished call keeps no cache memory
+    _assert_same(*gens)
+    lengths = sorted(len(g.token_ids) for g in gens[0])
+    assert lengths[-1] > 70 and lengths[0] < lengths[-1], lengths  # past the first slab, and rows left early
+
+
 def test_new_weights_reach_the_fast_step(qwen2):
     """The fused q/k/v and gate/up products are read again after ``update_weights``."""
     model, tok = qwen2

@@ -9,8 +9,11 @@ episodes ready at a time, so that overhead is most of their generation.
 :class:`FastDecode` runs the same step from the model's own weights and modules: RMS norm, the q/k/v projections
 (with their biases), the model's rotary embedding, one scaled-dot-product attention over the KV cache with the
 padding mask, the output projection, the gated MLP, the final norm and the LM head. The cache is the prefill's
-``DynamicCache``, extended through its ``update`` as the model's own layers do. The logits are those of the
-model's forward up to float rounding (``tests/test_fast_decode.py``).
+``DynamicCache``. The model's own layers extend it with ``torch.cat``, which copies every column at every step;
+here each layer's keys and values live in a longer tensor (a slab) with room for more columns, each step writes
+its one column in place, and the cache layer holds a view of the filled columns. Anything that replaces the cache's
+tensors (finished rows leaving the batch) is noticed, and the next step copies them into a new slab. The logits
+are those of the model's forward up to float rounding (``tests/test_fast_decode.py``).
 
 Only architectures whose decoder layer is exactly that take this path (:data:`ARCHITECTURES`, full attention, no
 sliding window); any other model decodes through its own forward.
@@ -40,11 +43,38 @@ class FastDecode:
         self.lm_head = model.lm_head
         self.layers = list(inner.layers)
         self.fused: list | None = None
+        self.slabs: list[tuple[torch.Tensor, torch.Tensor] | None] = []  # per layer: keys, values with room to grow
 
     def release(self) -> None:
         """Forget the fused weights (the model's weights changed, or its memory is being freed); the next
         :meth:`step` reads them again."""
         self.fused = None
+        self.finish()
+
+    def finish(self) -> None:
+        """Drop the slabs (a generate call is over, so its cache's memory goes with it)."""
+        self.slabs = []
+
+    def _append(self, layer: Any, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cache layer ``layer`` (model layer ``i``) with this step's ``k`` and ``v`` ``[B, heads, 1, d]``
+        appended, written in place into its slab; the layer's keys and values become views of the slab."""
+        keys, values = layer.keys, layer.values
+        n = keys.shape[2]
+        slab = self.slabs[i] if i < len(self.slabs) else None
+        if (slab is None or slab[0].shape[2] <= n or slab[0].data_ptr() != keys.data_ptr()
+                or slab[0].stride() != keys.stride() or slab[1].data_ptr() != values.data_ptr()):
+            # a new cache, finished rows dropped from it, or no room left: copy its columns into a new slab
+            room = n + max(64, n // 2)
+            slab = (keys.new_empty(keys.shape[0], keys.shape[1], room, keys.shape[3]),
+                    values.new_empty(values.shape[0], values.shape[1], room, values.shape[3]))
+            slab[0][:, :, :n] = keys
+            slab[1][:, :, :n] = values
+            self.slabs += [None] * (i + 1 - len(self.slabs))
+            self.slabs[i] = slab
+        slab[0][:, :, n] = k[:, :, 0]
+        slab[1][:, :, n] = v[:, :, 0]
+        layer.keys, layer.values = slab[0][:, :, :n + 1], slab[1][:, :, :n + 1]
+        return layer.keys, layer.values
 
     def _fuse(self) -> list:
         """q, k and v of each layer as one matrix product, and the MLP's gate and up as another."""
@@ -90,7 +120,7 @@ class FastDecode:
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
         """The next-token logits ``[B, V]`` (float32) of ``tokens`` ``[B, 1]`` at ``positions`` ``[B, 1]``;
         ``mask`` ``[B, T]``: which of the cache's columns (and this token's, the last) each row attends to.
-        Appends each layer's new keys and values to ``cache``."""
+        Appends each layer's new keys and values to ``cache`` (a ``DynamicCache``)."""
         if self.fused is None:
             self.fused = self._fuse()
         B = tokens.shape[0]
@@ -106,10 +136,12 @@ class FastDecode:
             # [heads, B, 1, d] -> [B, heads, 1, d]; q and k rotated together
             qk = _rotate(torch.cat([q, k]).transpose(0, 1), cos, sin)
             q, k = qk[:, :q.shape[0]], qk[:, q.shape[0]:]
-            keys, values = cache.update(k, v.transpose(0, 1), i)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=scaling,
-                                               enable_gqa=q.shape[1] != keys.shape[1])
-            h = h + _linear(o.transpose(1, 2).reshape(B, 1, -1), a.o_proj)
+            keys, values = self._append(cache.layers[i], i, k, v.transpose(0, 1))
+            # Grouped-query attention with one query token: the query heads that share a key/value head stand in
+            # for that head's query positions, so the keys and values are not repeated per query head.
+            o = F.scaled_dot_product_attention(q.reshape(B, keys.shape[1], -1, head_dim), keys, values,
+                                               attn_mask=allowed, scale=scaling)
+            h = h + _linear(o.reshape(B, 1, -1), a.o_proj)
             gate, up = F.linear(_rms(h, layer.post_attention_layernorm), w_gate_up).chunk(2, dim=-1)
             h = h + _linear(m.act_fn(gate) * up, m.down_proj)
         return _linear(_rms(h, self.norm), self.lm_head)[:, -1, :].float()

@@ -366,6 +366,8 @@ class HFEngine:
             attn = torch.cat([attn, torch.ones((attn.shape[0], 1), dtype=attn.dtype, device=dev)], dim=1)
             step_input = next_tokens
             step_pos = last_pos + 1
+        if self.fast is not None:
+            self.fast.finish()
 
         gens = []
         for i in range(B):
