@@ -3,12 +3,15 @@
 Agent envs spend most of their time waiting (a server, a browser, a compiler) and their latency is heavy-tailed:
 a few calls take many times the median. This wrapper makes any registered env behave so, reproducibly, to test
 and measure how the rollout copes. Each ``step`` sleeps ``median_ms * exp(sigma * z)`` ms, ``z ~ N(0, 1)`` drawn
-from a generator seeded by ``(seed, task_id, reset seed)``: the same episode waits the same times in every run and
-every rollout mode. ``reset`` does not wait.
+from a generator seeded by the call: ``seed``, the episode's start (``task_id`` and reset seed, or the start
+observation) and every action so far, this one included. So the same call waits the same time in every run and
+every rollout mode, and the samples of one task (a GRPO group starts them alike) wait independently once their
+actions differ, as calls to a real server do. ``reset`` does not wait.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import time
@@ -36,7 +39,8 @@ class LatencyEnv:
         self.median_s = float(median_ms) / 1000.0
         self.sigma = float(sigma)
         self.seed = int(seed)
-        self.rng = random.Random(f"{self.seed}")
+        self.call = f"{self.seed}"  # the episode's start and its actions so far: what seeds the next wait
+        self.rng = random.Random(self.call)
         self.waited_s = 0.0  # total sleep so far, and the last step's (tests and benchmarks read them)
         self.last_wait_s = 0.0
 
@@ -51,14 +55,16 @@ class LatencyEnv:
         return self.median_s * math.exp(self.sigma * self.rng.gauss(0.0, 1.0))
 
     def reset(self, task_id: int | None = None, seed: int | None = None) -> str:
-        self.rng = random.Random(f"{self.seed}:{task_id}:{seed}")
+        self.call = f"{self.seed}:{task_id}:{seed}"
         return self.env.reset(task_id=task_id, seed=seed)
 
     def reset_from_observation(self, observation: str) -> str:
-        self.rng = random.Random(f"{self.seed}:{observation}")
+        self.call = f"{self.seed}:{observation}"
         return self.env.reset_from_observation(observation)
 
     def step(self, action: str) -> StepResult:
+        self.call = hashlib.sha256(f"{self.call}\n{action}".encode()).hexdigest()
+        self.rng = random.Random(self.call)
         wait = self.delay_s()
         time.sleep(wait)
         self.waited_s += wait

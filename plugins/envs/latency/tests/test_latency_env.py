@@ -13,11 +13,11 @@ from openmanus_rl_core.registry import registry
 from openmanus_rl_core.testing import check_env
 
 
-def _waits(env, task_id, seed, steps):
+def _waits(env, task_id, seed, steps, actions=("look",)):
     env.reset(task_id, seed)
     out = []
-    for _ in range(steps):
-        env.step("look")
+    for i in range(steps):
+        env.step(actions[i % len(actions)])
         out.append(env.last_wait_s)
     return out
 
@@ -34,11 +34,15 @@ def test_wraps_the_inner_env_by_name_and_keeps_its_behaviour():
     check_env(lambda: registry("env").build("latency", inner="key_door", median_ms=0.0))
 
 
-def test_waits_are_seeded_per_episode_and_lognormal():
+def test_waits_are_seeded_per_call_and_lognormal():
     env = registry("env").build("latency", inner="key_door", median_ms=0.5, sigma=1.2, seed=7)
     first = _waits(env, 5, 1, 4)
+    assert len(set(first)) == 4  # each step of an episode draws its own wait
     assert _waits(env, 2, 0, 4) != first  # another episode, other waits
-    assert _waits(env, 5, 1, 4) == first  # the same episode waits the same times, whatever ran before
+    assert _waits(env, 5, 1, 4) == first  # the same calls wait the same times, whatever ran before
+    # Two samples of one task: alike while their actions are, independent from the first action that differs.
+    other = _waits(env, 5, 1, 4, actions=("look", "look", "open box"))
+    assert other[:2] == first[:2] and other[2] != first[2] and other[3] != first[3]
     other_seed = registry("env").build("latency", inner="key_door", median_ms=0.5, sigma=1.2, seed=8)
     assert _waits(other_seed, 5, 1, 4) != first
     # log(wait / median) ~ N(0, sigma): over 2000 draws the median is within 10% and the std of the log within 5%.
