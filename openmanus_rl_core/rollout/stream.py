@@ -42,6 +42,12 @@ from openmanus_rl_core.rollout.staleness import Admission, group_staleness
 from openmanus_rl_core.schema import RolloutConfig
 
 
+# ``next_batch(on_groups=...)`` hands complete groups over only once at most this share of the batch's groups
+# still plays: before that the ranks' cores are busy generating, and a group's gradient computed beside them only
+# slows both down; in the batch's tail they mostly wait on the env, and the gradients fill that time.
+HANDOVER_RUNNING_SHARE = 0.25
+
+
 # ------------------------------------------------------------------------------------------------ rank side
 class _LockedEngine:
     """The rank's engine as the stream thread sees it: each generate holds the engine lock, and the loop's version
@@ -197,8 +203,8 @@ class GroupStream:
         completed).
 
         ``on_groups(episodes)`` (η=0 only: then every accepted group is trained at this version): called with the
-        episodes of the groups accepted since its last call, as soon as they are in, while the others still play
-        (``rollout.overlap_update``)."""
+        episodes of the groups accepted since its last call, while the others still play, once at most
+        :data:`HANDOVER_RUNNING_SHARE` of the batch's groups are running (``rollout.overlap_update``)."""
         if on_groups is not None and self.eta != 0:
             raise ValueError(f"on_groups needs max_staleness=0, not {self.eta}: at a larger one the batch is "
                              f"chosen only once the step's groups are in")
@@ -237,7 +243,7 @@ class GroupStream:
                 dropped += self._drop(len(self.ready) - len(keep))
                 self.ready = keep
             fresh = [g for g in self.ready if g.gid not in handed] if on_groups is not None else []
-            if fresh:
+            if fresh and len(self.running) <= HANDOVER_RUNNING_SHARE * self.B:
                 handed.update(g.gid for g in fresh)
                 on_groups([e for g in fresh for e in g.episodes])
             if self.wait and any(self._urgent(g, version) for g in self.running.values()):
