@@ -2,17 +2,18 @@
 
     python bench/latency_model.py [--draws 4000] [--turns 3,4] [--seed 0]
 
-No model and no env: lognormal delays only (median 50 ms, sigma 1.2, as ``bench/async.py`` sets the ``latency``
-env), for 16 tasks x 8 samples = 128 episodes on 2 ranks, every episode ``--turns`` turns. Per step:
+No model and no env: lognormal delays only, with the ``latency`` env's own median and sigma, for the tasks and
+samples per step that ``bench/async.py`` plays (16 x 8 = 128 episodes) on 2 ranks (its 2-core machine), every
+episode ``--turns`` turns. Per step:
 
 - lockstep env phase: each rank's turns each wait for the rank's slowest call; the step waits for the slower rank;
 - slowest episode: the largest sum of one episode's delays, the least a step of episodes on their own can take.
 
 Two ways of drawing the delays:
 
-- ``shared``: every sample of a task waits the same times (one sequence per episode start, as the ``latency`` env
-  seeded its delays before it seeded them per call; samples that act alike still do);
-- ``independent``: every call draws its own delay (the ``latency`` env now, once a group's samples act differently).
+- ``shared``: every sample of a task waits the same times (one delay sequence per episode start; in the
+  ``latency`` env, samples that act alike do);
+- ``independent``: every call draws its own delay (the ``latency`` env once a group's samples act differently).
 
 The table gives the median over ``--draws`` steps of each, and the median ratio: the most episodes on their own
 could gain on the env phase alone, with generation and the update free.
@@ -21,11 +22,30 @@ could gain on the env phase alone, with generation and the update free.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import inspect
 import math
 import random
 import statistics
+from pathlib import Path
 
-MEDIAN_S, SIGMA, TASKS, SAMPLES, RANKS = 0.05, 1.2, 16, 8, 2
+from openmanus_rl_env_latency import LatencyEnv
+
+
+def _async_settings() -> dict[str, str]:
+    """bench/async.py's common overrides, as ``{key: value}``."""
+    spec = importlib.util.spec_from_file_location("bench_async", Path(__file__).with_name("async.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(o.split("=", 1) for o in module.COMMON)
+
+
+_DEFAULTS = inspect.signature(LatencyEnv).parameters
+MEDIAN_S = _DEFAULTS["median_ms"].default / 1000.0
+SIGMA = _DEFAULTS["sigma"].default
+TASKS = int(_async_settings()["data.train_batch_size"])
+SAMPLES = int(_async_settings()["rollout.n"])
+RANKS = 2
 
 
 def one_step(rng: random.Random, turns: int, shared: bool) -> tuple[float, float]:

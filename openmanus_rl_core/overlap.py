@@ -2,7 +2,8 @@
 
 In the group stream at η=0 a step's B groups finish one by one, and the slowest sets when the batch is complete.
 The update need not wait for it: the loss is a sum over tokens, and a group-baseline advantage needs only its
-own group. So each time complete groups come in (:meth:`OverlappedUpdate.add`):
+own group. So each time complete groups come in (:meth:`OverlappedUpdate.add`; the stream hands them over in the
+batch's tail, once at most ``HANDOVER_RUNNING_SHARE`` of its groups still play, rollout/stream.py):
 
 - their rewards are composed (once: the step's metrics reuse them) and their advantages computed;
 - each actor rank adds the policy gradient of its share to its gradients (``ActorWorker.accumulate``: every

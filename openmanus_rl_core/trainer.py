@@ -6,7 +6,7 @@ each phase a method of that name::
     phase_rollout        tasks (TaskSampler) --expand n--> one shard per actor rank; every rank runs the agent loop
                          with its own engine and envs (dynamic sampling replaces groups without spread); or,
                          with rollout.max_staleness, B groups from the stream (rollout/stream.py); with
-                         rollout.overlap_update, each group's gradient as it comes in (overlap.py) timing/rollout
+                         rollout.overlap_update, groups' gradients in the batch's tail (overlap.py) timing/rollout
     phase_reward         reward composer (weighted components) -> allocator -> token_level_scores  timing/reward
     phase_log_probs      old log-probs (the PPO ratio's behaviour policy) and reference log-probs  timing/old_log_prob
     phase_values         critic values (PPO with GAE)                                              timing/values

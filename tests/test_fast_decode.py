@@ -77,9 +77,11 @@ def test_generation_through_the_fast_step_equals_the_models_forward(qwen2, arch)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_long_replies_with_rows_leaving_equal_the_models_forward(qwen2, arch):
-    """150 new tokens: each layer's slab fills and is replaced by a larger one (its room is 64 columns past the
-    prompt); rows stop at different steps, so the cache's rows are selected (new tensors) while the others go on."""
+@pytest.mark.parametrize("rows_leave", [True, False])
+def test_long_replies_equal_the_models_forward(qwen2, arch, rows_leave):
+    """150 new tokens, each layer's keys and values written in place into a slab with room for the call's steps.
+    With ``rows_leave``, rows stop at scattered steps: the cache's rows are selected (new tensors), and the next
+    step copies them into a new slab while the others go on; without, one slab per layer fills to its last column."""
     model, tok = qwen2
     if arch == "llama":
         model = _llama(len(tok))
@@ -88,13 +90,16 @@ def test_long_replies_with_rows_leaving_equal_the_models_forward(qwen2, arch):
     gens = []
     for fast in (True, False):
         engine = HFEngine(model, tok, seed=7, prefix_cache_mb=0, fast_decode=fast)
-        engine.eos_token_ids = set(range(40, 44))  # a few common ids end rows at scattered steps
+        engine.eos_token_ids = set(range(40, 44)) if rows_leave else set()  # a few common ids end rows early
         gens.append(engine.generate(prompts, params))
         if fast:
             assert engine.fast.slabs == []  # a finished call keeps no cache memory
     _assert_same(*gens)
     lengths = sorted(len(g.token_ids) for g in gens[0])
-    assert lengths[-1] > 70 and lengths[0] < lengths[-1], lengths  # past the first slab, and rows left early
+    if rows_leave:
+        assert lengths[-1] > 70 and lengths[0] < lengths[-1], lengths
+    else:
+        assert lengths == [150] * len(prompts)
 
 
 def test_new_weights_reach_the_fast_step(qwen2):

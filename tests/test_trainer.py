@@ -511,8 +511,8 @@ def test_a_stream_run_killed_with_sigkill_resumes_and_keeps_every_metric_before_
 def test_lockstep_metrics_equal_those_of_the_code_before_the_stream(tmp_path, cli_env):
     """The embedded default (4 steps, validation every 2) with rollout.mode=lockstep and no stream logs exactly the
     metrics the trainer logged before episodes, the stream and the correction existed (tests/golden, written by
-    main at 3e8dc5e on this project's CPU build of torch, installed with its own `make install`, on the 2-core
-    machine of 2026-11-26; a machine with other CPU kernels rounds differently), wall-clock readings aside. That main sharded the actor
+    main at 3e8dc5e, installed with its own `make install`, on this project's CPU build of torch and CI's machine;
+    a CPU with other kernels rounds differently), wall-clock readings aside. That main sharded the actor
     fully; `actor.sharding=auto` now replicates the tiny model, which sums gradients in another order (entropy
     differs by 7e-6 at step 1), so the comparison runs with actor.sharding=full. Validation's 95% interval
     (`*success_ci_low`/`_high`) was added after that main and is left out. Marked long: the numbers are

@@ -10,10 +10,11 @@ episodes ready at a time, so that overhead is most of their generation.
 (with their biases), the model's rotary embedding, one scaled-dot-product attention over the KV cache with the
 padding mask, the output projection, the gated MLP, the final norm and the LM head. The cache is the prefill's
 ``DynamicCache``. The model's own layers extend it with ``torch.cat``, which copies every column at every step;
-here each layer's keys and values live in a longer tensor (a slab) with room for more columns, each step writes
-its one column in place, and the cache layer holds a view of the filled columns. Anything that replaces the cache's
-tensors (finished rows leaving the batch) is noticed, and the next step copies them into a new slab. The logits
-are those of the model's forward up to float rounding (``tests/test_fast_decode.py``).
+here each layer's keys and values live in a longer tensor (a slab) with room for the call's remaining steps, each
+step writes its one column in place, and the cache layer holds a view of the filled columns. Anything that replaces
+the cache's tensors (finished rows leaving the batch) is noticed, and the next step copies them into a new slab. A
+cache without per-layer tensors (older transformers) is extended through its ``update``. The logits are those of
+the model's forward up to float rounding (``tests/test_fast_decode.py``).
 
 Only architectures whose decoder layer is exactly that take this path (:data:`ARCHITECTURES`, full attention, no
 sliding window); any other model decodes through its own forward.
@@ -55,16 +56,22 @@ class FastDecode:
         """Drop the slabs (a generate call is over, so its cache's memory goes with it)."""
         self.slabs = []
 
-    def _append(self, layer: Any, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cache layer ``layer`` (model layer ``i``) with this step's ``k`` and ``v`` ``[B, heads, 1, d]``
-        appended, written in place into its slab; the layer's keys and values become views of the slab."""
+    def _append(self, cache: Any, i: int, k: torch.Tensor, v: torch.Tensor,
+                steps_left: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cache``'s layer ``i`` with this step's ``k`` and ``v`` ``[B, heads, 1, d]`` appended, written in place
+        into its slab (room for ``steps_left`` columns, this one included); the layer's keys and values become views
+        of the slab."""
+        layers = getattr(cache, "layers", None)
+        if layers is None:
+            return cache.update(k, v, i)
+        layer = layers[i]
         keys, values = layer.keys, layer.values
         n = keys.shape[2]
         slab = self.slabs[i] if i < len(self.slabs) else None
         if (slab is None or slab[0].shape[2] <= n or slab[0].data_ptr() != keys.data_ptr()
                 or slab[0].stride() != keys.stride() or slab[1].data_ptr() != values.data_ptr()):
             # a new cache, finished rows dropped from it, or no room left: copy its columns into a new slab
-            room = n + max(64, n // 2)
+            room = n + max(1, steps_left)
             slab = (keys.new_empty(keys.shape[0], keys.shape[1], room, keys.shape[3]),
                     values.new_empty(values.shape[0], values.shape[1], room, values.shape[3]))
             slab[0][:, :, :n] = keys
@@ -117,10 +124,12 @@ class FastDecode:
             return None
 
     @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any,
+             steps_left: int) -> torch.Tensor:
         """The next-token logits ``[B, V]`` (float32) of ``tokens`` ``[B, 1]`` at ``positions`` ``[B, 1]``;
         ``mask`` ``[B, T]``: which of the cache's columns (and this token's, the last) each row attends to.
-        Appends each layer's new keys and values to ``cache`` (a ``DynamicCache``)."""
+        Appends each layer's new keys and values to ``cache`` (a ``DynamicCache``); ``steps_left``: the decoding
+        steps this call may still take, this one included (the slabs' room)."""
         if self.fused is None:
             self.fused = self._fuse()
         B = tokens.shape[0]
@@ -136,7 +145,7 @@ class FastDecode:
             # [heads, B, 1, d] -> [B, heads, 1, d]; q and k rotated together
             qk = _rotate(torch.cat([q, k]).transpose(0, 1), cos, sin)
             q, k = qk[:, :q.shape[0]], qk[:, q.shape[0]:]
-            keys, values = self._append(cache.layers[i], i, k, v.transpose(0, 1))
+            keys, values = self._append(cache, i, k, v.transpose(0, 1), steps_left)
             # Grouped-query attention with one query token: the query heads that share a key/value head stand in
             # for that head's query positions, so the keys and values are not repeated per query head.
             o = F.scaled_dot_product_attention(q.reshape(B, keys.shape[1], -1, head_dim), keys, values,

@@ -183,14 +183,15 @@ class HFEngine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None) -> list[Generation]:
         """One :class:`Generation` per prompt, in order, from ONE batched decoding loop (see the module doc)."""
         self.wake_up()
-        if self.num_threads is None or self.device.type != "cpu":
-            return self._generate(prompts, params)
         before = torch.get_num_threads()
-        torch.set_num_threads(self.num_threads)
+        if self.num_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(self.num_threads)
         try:
             return self._generate(prompts, params)
         finally:
             torch.set_num_threads(before)
+            if self.fast is not None:
+                self.fast.finish()  # the call's KV slabs go with it, however it ended
 
     def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, prompts: Sequence[Sequence[int]],
                  hits: list | None):
@@ -313,7 +314,7 @@ class HFEngine:
         step_pos, kw = position_ids, self.cache_kw
         for step in range(max_new):
             if step and self.fast is not None:
-                logits = self.fast.step(step_input, step_pos, attn, cache)
+                logits = self.fast.step(step_input, step_pos, attn, cache, steps_left=max_new - step)
             elif step:
                 out = self.model(input_ids=step_input, attention_mask=attn, position_ids=step_pos, use_cache=True,
                                  logits_to_keep=1, **{kw: cache})
@@ -366,8 +367,6 @@ class HFEngine:
             attn = torch.cat([attn, torch.ones((attn.shape[0], 1), dtype=attn.dtype, device=dev)], dim=1)
             step_input = next_tokens
             step_pos = last_pos + 1
-        if self.fast is not None:
-            self.fast.finish()
 
         gens = []
         for i in range(B):

@@ -43,8 +43,9 @@ from openmanus_rl_core.schema import RolloutConfig
 
 
 # ``next_batch(on_groups=...)`` hands complete groups over only once at most this share of the batch's groups
-# still plays: before that the ranks' cores are busy generating, and a group's gradient computed beside them only
-# slows both down; in the batch's tail they mostly wait on the env, and the gradients fill that time.
+# (and at least one) still plays: before that the ranks' cores are busy generating, and a group's gradient
+# computed beside them only slows both down; in the batch's tail they mostly wait on the env, and the gradients
+# fill that time.
 HANDOVER_RUNNING_SHARE = 0.25
 
 
@@ -243,7 +244,7 @@ class GroupStream:
                 dropped += self._drop(len(self.ready) - len(keep))
                 self.ready = keep
             fresh = [g for g in self.ready if g.gid not in handed] if on_groups is not None else []
-            if fresh and len(self.running) <= HANDOVER_RUNNING_SHARE * self.B:
+            if fresh and len(self.running) <= max(1.0, HANDOVER_RUNNING_SHARE * self.B):
                 handed.update(g.gid for g in fresh)
                 on_groups([e for g in fresh for e in g.episodes])
             if self.wait and any(self._urgent(g, version) for g in self.running.values()):

@@ -51,7 +51,7 @@ class LatencyEnv:
         return EnvService(dict(latency, inner=inner, inner_kwargs=service.kwargs), service.stop, service.check)
 
     def delay_s(self) -> float:
-        """The next step's wait, in seconds."""
+        """A wait drawn from the current generator, in seconds (``step`` seeds it by the call first)."""
         return self.median_s * math.exp(self.sigma * self.rng.gauss(0.0, 1.0))
 
     def reset(self, task_id: int | None = None, seed: int | None = None) -> str:

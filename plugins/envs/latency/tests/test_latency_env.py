@@ -34,7 +34,7 @@ def test_wraps_the_inner_env_by_name_and_keeps_its_behaviour():
     check_env(lambda: registry("env").build("latency", inner="key_door", median_ms=0.0))
 
 
-def test_waits_are_seeded_per_call_and_lognormal():
+def test_waits_are_seeded_per_call_and_lognormal(monkeypatch):
     env = registry("env").build("latency", inner="key_door", median_ms=0.5, sigma=1.2, seed=7)
     first = _waits(env, 5, 1, 4)
     assert len(set(first)) == 4  # each step of an episode draws its own wait
@@ -45,8 +45,14 @@ def test_waits_are_seeded_per_call_and_lognormal():
     assert other[:2] == first[:2] and other[2] != first[2] and other[3] != first[3]
     other_seed = registry("env").build("latency", inner="key_door", median_ms=0.5, sigma=1.2, seed=8)
     assert _waits(other_seed, 5, 1, 4) != first
-    # log(wait / median) ~ N(0, sigma): over 2000 draws the median is within 10% and the std of the log within 5%.
-    draws = [env.delay_s() for _ in range(2000)]
+    # log(wait / median) ~ N(0, sigma) over calls: 2000 steps of different actions (sleeps skipped), the median
+    # within 10% and the std of the log within 5%.
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    env.reset(9, 0)
+    draws = []
+    for i in range(2000):
+        env.step(f"say {i}")
+        draws.append(env.last_wait_s)
     logs = [math.log(d / 0.0005) for d in draws]
     assert abs(statistics.median(draws) / 0.0005 - 1) < 0.1
     assert abs(statistics.pstdev(logs) - 1.2) < 0.06
