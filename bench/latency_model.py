@@ -43,8 +43,9 @@ def _async_settings() -> dict[str, str]:
 _DEFAULTS = inspect.signature(LatencyEnv).parameters
 MEDIAN_S = _DEFAULTS["median_ms"].default / 1000.0
 SIGMA = _DEFAULTS["sigma"].default
-TASKS = int(_async_settings()["data.train_batch_size"])
-SAMPLES = int(_async_settings()["rollout.n"])
+_BENCH = _async_settings()
+TASKS = int(_BENCH["data.train_batch_size"])
+SAMPLES = int(_BENCH["rollout.n"])
 RANKS = 2
 
 
