@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from openmanus_rl_core import heap
 from openmanus_rl_core.config import check
 from openmanus_rl_core.metrics import mean
 from openmanus_rl_core.schema import Config
@@ -486,6 +487,7 @@ class Trainer:
             ray.shutdown()
         if self.env_service is not None:  # after the workers: no env call is left in flight
             self.env_service.close()
+        heap.unfreeze()  # frozen at the end of set-up
 
 
 def _avg(items: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+from openmanus_rl_core import heap
 from openmanus_rl_core.algorithms.correction import correction_mode
 from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter
 
@@ -98,6 +99,7 @@ def setup(trainer: Any) -> None:
                                                              resuming=trainer.resume_path is not None)
     trainer.pad_token_id = trainer.tokenizer.pad_token_id
     start_workers(trainer)
+    heap.freeze()  # Trainer.shutdown gives the objects back
 
 
 def start_workers(trainer: Any) -> None:

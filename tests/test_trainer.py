@@ -148,10 +148,17 @@ def test_eval_and_rollout_take_the_run_settings_from_its_checkpoint(grpo_run, tm
     assert metrics["rollout/success_rate"] == pytest.approx(final["val/success_rate"], abs=1e-6)
 
 
-def test_a_run_without_learning_signal_says_so(ray_local, tmp_path, capsys):
+def test_a_run_without_learning_signal_says_so(ray_local, tmp_path, capsys, monkeypatch):
     """The untrained model never finishes a key_door episode: with no warm-up every GRPO group gets one reward, all
-    advantages are 0, and after trainer.no_signal_warn_steps steps the run prints a warning naming the rewards."""
+    advantages are 0, and after trainer.no_signal_warn_steps steps the run prints a warning naming the rewards.
+    Also: the driver hid its set-up objects from the garbage collector for the run, and gave them back at the end."""
+    import gc
+
+    from openmanus_rl_core import heap
     from openmanus_rl_core.commands.train import train
+
+    frozen, freeze = [], heap.freeze
+    monkeypatch.setattr(heap, "freeze", lambda: frozen.append(freeze()) or frozen[-1])
 
     run_dir = tmp_path / "flat"
     cfg = compose(["env=key_door", "algorithm=grpo", *SMALL, "warmup.enabled=false", "trainer.total_steps=2",
@@ -166,6 +173,7 @@ def test_a_run_without_learning_signal_says_so(ray_local, tmp_path, capsys):
     assert "recipe model=tiny for the embedded tiny model: actor.lr 0.0005, warm-up off" in text
     assert "WARNING: no learning signal for 2 steps (up to step 2)" in text
     assert "components (mean): " in text and "goal 0.000" in text
+    assert len(frozen) == 1 and frozen[0] > 100_000 and gc.get_freeze_count() == 0
 
 
 @pytest.mark.slow

@@ -41,6 +41,12 @@ class _SumWorker(Worker):
         dist.all_reduce(t)
         return float(t.item())
 
+    def collector_view(self) -> tuple[int, int]:
+        """Objects the set-up froze, and how many objects a full collection walks now."""
+        import gc
+
+        return gc.get_freeze_count(), len(gc.get_objects())
+
     def until_cancelled(self, limit_s: float = 20.0) -> str:
         """Waits, as an agent loop does between turns, until the driver cancels the call."""
         from openmanus_rl_core.stopping import cancelled_call
@@ -83,6 +89,10 @@ def test_call_returns_every_rank_result_in_rank_order(ray_local):
     try:
         assert group.setup_info == [{"rank": 0}, {"rank": 1}]
         assert group.call("rank_sum") == [3.0, 3.0]  # 1 + 2 on both ranks
+        # Set up, each rank froze its heap: a full collection no longer walks the imported modules (torch alone
+        # is over 100k objects), only what the rank made since.
+        for frozen, walked in group.call("collector_view"):
+            assert frozen > 100_000 and walked < frozen / 10, (frozen, walked)
         assert group.call_each("rank_sum", [(-1,), (-1,)]) == [3.0, 3.0]
         with pytest.raises(ValueError, match=r"summer.rank_sum: got 1 argument sets for 2 ranks"):
             group.call_each("rank_sum", [(-1,)])

@@ -105,6 +105,7 @@ class WorkerGroup:
         try:
             addr, port = ray.get(self.workers[0].free_address.remote())
             self.setup_info = self._gather("setup", [w.setup.remote(addr, port) for w in self.workers])
+            self.call("freeze_heap")  # no full garbage collection walks the set-up objects again (Worker)
         except Exception:
             self.kill()
             raise

@@ -78,6 +78,13 @@ class Worker:
             local_store_path(port).unlink(missing_ok=True)  # a killed run's file for the same port would mislead
         return host, port
 
+    def freeze_heap(self) -> int:
+        """Hide the objects alive after set-up from the garbage collector (heap.py); returns how many. The
+        worker's process lives as long as the run, so they are never given back."""
+        from openmanus_rl_core import heap
+
+        return heap.freeze()
+
     # Ray runs the constructor asynchronously; set-up (which blocks until every rank joined) is a separate call
     # so that its errors surface at the driver's ray.get.
     def setup_distributed(self, master_addr: str, master_port: int) -> None:
