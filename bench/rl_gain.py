@@ -1,7 +1,7 @@
 """Benchmark: what RL adds on a real benchmark, against a supervised control given the same wall time.
 
     python bench/rl_gain.py [--preset babyai_goto] [--seeds 0,1,2] [--val-tasks 120] [--json out.json]
-                            [hydra overrides ...]
+                            [--keep DIR] [hydra overrides ...]
 
 For each seed, two runs of ``openmanus-rl train`` in fresh processes:
 
@@ -14,7 +14,8 @@ For each seed, two runs of ``openmanus-rl train`` in fresh processes:
 
 The table gives each validation's success rate with its 95% Wilson interval, RL's own gain (final minus after the
 warm-up), the control's success, and each run's wall time; the load average is printed before and after each run.
-Take numbers on a quiet machine.
+Take numbers on a quiet machine. ``--keep DIR`` keeps each run's folder (``rl_<seed>``, ``sft_<seed>``: metrics and
+validation samples) under DIR instead of a temporary folder.
 """
 
 from __future__ import annotations
@@ -96,12 +97,15 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--val-tasks", type=int, default=120)
     p.add_argument("--json", default=None)
+    p.add_argument("--keep", default=None, help="a folder that keeps each run's folder (default: a temporary one)")
     args, extra = p.parse_known_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        runs = Path(args.keep or tmp)
+        runs.mkdir(parents=True, exist_ok=True)
         for seed in [int(s) for s in args.seeds.split(",")]:
             print(f"seed {seed}", flush=True)
-            results.append(one_seed(args.preset, seed, args.val_tasks, extra, Path(tmp)))
+            results.append(one_seed(args.preset, seed, args.val_tasks, extra, runs))
     table(results, args.val_tasks)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
