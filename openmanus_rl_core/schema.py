@@ -129,10 +129,12 @@ class AlgorithmConfig:
         "off, or auto (behaviour in the group stream, else off)", choices=("auto", "behaviour", "tis", "off"))
     tis_cap: float = opt(2.0, "rollout_correction=tis: the cap of the per-token importance weight", ge=1)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
-    use_kl_in_reward: bool = opt(False, "subtract kl_ctrl.kl_coef * KL(policy || reference) from the rewards")
+    use_kl_in_reward: bool = opt(False, "subtract kl_ctrl.kl_coef * KL(policy || reference) from the rewards; the "
+                                 "reference is the policy RL starts from (after the warm-up, if any)")
     kl_penalty: str = opt("k1", "KL estimator of the reward penalty", choices=("k1", "k2", "k3", "abs"))
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
-    use_kl_loss: bool = opt(False, "add kl_loss_coef * KL(policy || reference) to the loss")
+    use_kl_loss: bool = opt(False, "add kl_loss_coef * KL(policy || reference) to the loss (reference: as "
+                            "use_kl_in_reward)")
     kl_loss_coef: float = opt(0.001, "KL loss coefficient", ge=0)
     kl_loss_type: str = opt("k3", "KL estimator of the loss term", choices=("k1", "k2", "k3", "abs"))
 

@@ -29,6 +29,8 @@ def save(trainer: Any, step: int) -> Path:
         "meta": {"model_dir": str(trainer.model_dir), "step": int(step), "config": dataclasses.asdict(trainer.cfg),
                  "lora": trainer.cfg.model.lora.enabled},
     }
+    if actor_states[0].get("ref_model") is not None:  # a KL term's reference policy (ActorWorker.get_state)
+        state["ref_model"] = actor_states[0]["ref_model"]
     if trainer.stream is not None:
         state["stream"] = trainer.stream.state_dict()
     if trainer.critic is not None:
@@ -56,7 +58,8 @@ def restore(trainer: Any, path: Path, state: dict | None = None) -> int:
     if len(rngs) != trainer.actor.size:
         raise RuntimeError(f"{path} was saved by {len(rngs)} actor workers but this run has {trainer.actor.size}; "
                            f"resume with trainer.num_workers={len(rngs)}")
-    trainer.actor.call_each("load_state", [(model_ref, optim_ref, state["scheduler"], rngs[r])
+    ref = ray.put(state["ref_model"]) if "ref_model" in state else None
+    trainer.actor.call_each("load_state", [(model_ref, optim_ref, state["scheduler"], rngs[r], ref)
                                         for r in range(trainer.actor.size)])
     if trainer.critic is not None:
         if "critic" not in state:

@@ -243,20 +243,20 @@ class _RecordingEstimator:
         return recording
 
 
-def _one_step(tmp_path, monkeypatch, overrides: list[str]) -> tuple[dict, dict]:
-    """One GRPO step on word_copy after a 2-step warm-up (the policy then differs from the reference), nothing
-    else: returns the batch the estimator received (with its advantages) and the step's logged metrics."""
+def _one_step(tmp_path, monkeypatch, overrides: list[str], steps: int = 1) -> tuple[dict, dict]:
+    """``steps`` GRPO steps on word_copy after a 2-step warm-up, nothing else: returns the batch the estimator
+    received at the last step (with its advantages) and that step's logged metrics."""
     from openmanus_rl_core.commands.train import train
 
     recorder = _RecordingEstimator(monkeypatch)
     run_dir = tmp_path / "run"
-    cfg = compose(["env=word_copy", "algorithm=grpo", *SMALL, "trainer.total_steps=1", "trainer.val_freq=0",
+    cfg = compose(["env=word_copy", "algorithm=grpo", *SMALL, f"trainer.total_steps={steps}", "trainer.val_freq=0",
                    "trainer.val_before_train=false", "trainer.val_at_end=false", "trainer.save_at_end=false",
                    "warmup.lr=0.01", f"trainer.run_dir={run_dir}", *overrides])
     assert train(cfg) == 0
-    assert len(recorder.calls) == 1
-    (record,) = [r for r in _records(run_dir) if r["step"] == 1]
-    return recorder.calls[0], record
+    assert len(recorder.calls) == steps
+    (record,) = [r for r in _records(run_dir) if r["step"] == steps]
+    return recorder.calls[-1], record
 
 
 def _masked_abs_mean(x, mask) -> float:
@@ -270,12 +270,15 @@ def test_the_kl_reward_penalty_is_subtracted_before_the_advantages(ray_local, tm
 
     from openmanus_rl_core.algorithms import kl_penalty
 
+    # The reference is the warmed-up policy (where RL starts): step 1's KL is 0, step 2's is not (an entropy bonus
+    # moves the policy at step 1 even where every advantage is 0).
     seen, record = _one_step(tmp_path, monkeypatch, ["algorithm.use_kl_in_reward=true",
-                                                     "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.kl_penalty=k1"])
+                                                     "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.kl_penalty=k1",
+                                                     "algorithm.entropy_coeff=0.01"], steps=2)
     b = seen["batch"]
     mask = b["response_mask"]
     kl = kl_penalty(b["old_log_probs"], b["ref_log_probs"], "k1") * mask
-    assert float(kl.abs().max()) > 1e-3  # the warm-up moved the policy away from the reference
+    assert float(kl.abs().max()) > 1e-3  # step 1's update moved the policy away from the reference
     torch.testing.assert_close(b["token_level_rewards"], b["token_level_scores"] - 0.5 * kl)
     assert record["actor/kl_coef"] == 0.5
     per_seq = (kl.sum(-1) / mask.sum(-1).clamp_min(1))

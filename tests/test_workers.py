@@ -270,6 +270,45 @@ def test_a_resume_trains_at_this_runs_learning_rate_not_the_checkpoints(actor):
         actor.load_state(state["model"], state["optimizer"], state["scheduler"], state["rng"])
 
 
+def test_the_kl_reference_is_the_policy_rl_starts_from(model_dir, dist_group, actor):
+    """With a KL term: the reference is the policy when RL starts (after the warm-up, the warmed-up one, not the
+    untrained model); a checkpoint carries it; a checkpoint saved without one gives its own policy."""
+    def kl_worker():
+        w = ActorWorker(_cfg("algorithm.use_kl_loss=true"), rank=0, world_size=1, model_dir=model_dir, total_steps=10)
+        w.setup(*dist_group)
+        return w
+
+    def gap(w) -> float:  # the largest |log p_policy - log p_ref| over the batch's response tokens
+        lp = w.compute_log_probs(batch)
+        return float((lp["old_log_probs"] - lp["ref_log_probs"]).abs().max())
+
+    batch, _ = _rollout_batch(actor)
+    w = kl_worker()
+    assert gap(w) == 0.0  # both are the model folder's weights
+    P = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+    demo = batch.select(["input_ids", "attention_mask", "position_ids"])
+    demo["loss_mask"] = torch.cat([torch.zeros(len(batch), P), batch["response_mask"]], dim=1)
+    for _ in range(3):
+        w.sft_update(demo, lr=1e-2, grad_clip=1.0)
+    assert gap(w) > 0.05  # warmed up; the reference is still the untrained model
+    w.end_warmup()
+    assert gap(w) == 0.0  # RL starts here
+
+    batch["advantages"] = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(1)) \
+        * batch["response_mask"]
+    batch["ref_log_probs"] = w.compute_log_probs(batch, with_old=False)["ref_log_probs"]
+    w.update(batch, step=1)
+    drift = gap(w)
+    assert drift > 1e-3
+    saved = w.get_state()
+    resumed = kl_worker()
+    resumed.load_state(saved["model"], saved["optimizer"], saved["scheduler"], saved["rng"], saved["ref_model"])
+    assert gap(resumed) == pytest.approx(drift, rel=1e-5)
+    resumed.load_state(saved["model"], saved["optimizer"], saved["scheduler"], saved["rng"])  # no reference saved
+    assert gap(resumed) == 0.0
+    assert "ref_model" not in actor.get_state()  # no KL term, no reference
+
+
 def test_critic_values_start_at_zero_and_regress_towards_the_returns(model_dir, dist_group, actor):
     critic = CriticWorker(_cfg(), rank=0, world_size=1, model_dir=model_dir, total_steps=10)
     critic.setup(*dist_group)

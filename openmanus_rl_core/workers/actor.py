@@ -12,7 +12,7 @@ import torch
 
 from openmanus_rl_core.algorithms.schedules import make_optimizer
 from openmanus_rl_core.batch import Batch
-from openmanus_rl_core.distributed.fsdp import choose_sharding, gather_full_state
+from openmanus_rl_core.distributed.fsdp import choose_sharding, gather_full_state, load_full_state
 from openmanus_rl_core.workers.base import Worker
 from openmanus_rl_core.workers.logprobs import sequence_logprobs
 from openmanus_rl_core.workers.rng import capture_worker_rng, restore_worker_rng, saved_generator
@@ -62,7 +62,8 @@ class ActorWorker(Worker):
         self.engine = build("engine", {"name": cfg.rollout.engine, "kwargs": cfg.rollout.engine_kwargs},
                             model=engine_model, tokenizer=self.tokenizer, device=self.device,
                             seed=cfg.seed * 1000 + self.rank)
-        # The reference policy (frozen initial weights), only when a KL term needs it.
+        # The reference policy, only when a KL term needs it: the policy RL starts from (these weights; after a
+        # warm-up, the warmed-up ones: end_warmup; on resume, the checkpoint's: load_state).
         self.use_ref = cfg.algorithm.use_kl_in_reward or cfg.algorithm.use_kl_loss
         self.ref = None
         mp = cfg.trainer.mixed_precision
@@ -273,7 +274,13 @@ class ActorWorker(Worker):
         return {"loss": float(loss.detach()), "grad_norm": grad_norm, "token_acc": float(acc), "skipped": float(not ok)}
 
     def end_warmup(self) -> None:
+        """RL starts from here: the warm-up's optimizer goes, and the reference policy becomes the warmed-up one
+        (a KL term then holds RL near what the demonstrations taught, not near the untrained model)."""
         self.warm_optimizer = None
+        if self.ref is not None:
+            with torch.no_grad():
+                for r, p in zip(self.ref.parameters(), self.model.parameters(), strict=True):
+                    r.copy_(p)
 
     # -------------------------------------------------------------------------------------- weight sync
     def sync_rollout_weights(self, version: int | None = None) -> float:
@@ -322,6 +329,23 @@ class ActorWorker(Worker):
 
     def _weights_loaded(self, model_sd: Mapping) -> None:
         self.engine.update_weights(self._engine_weights(model_sd))
+
+    def get_state(self) -> dict:
+        """As :meth:`Worker.get_state`, with the reference policy (``ref_model``) when a KL term uses one."""
+        state = super().get_state()
+        if self.ref is not None:
+            ref_sd = gather_full_state(self.ref, self.rank, copy=True)
+            if self.rank == 0:
+                state["ref_model"] = ref_sd
+        return state
+
+    def load_state(self, model_sd: Mapping, optim_sd: Mapping | None = None, scheduler_sd: Mapping | None = None,
+                   rng: Mapping | None = None, ref_sd: Mapping | None = None) -> None:
+        """As :meth:`Worker.load_state`; the reference policy (when a KL term uses one) gets ``ref_sd``, or, from a
+        checkpoint saved without one, the checkpoint's policy: RL goes on from there."""
+        super().load_state(model_sd, optim_sd, scheduler_sd, rng)
+        if self.ref is not None:
+            load_full_state(self.ref, ref_sd if ref_sd is not None else model_sd)
 
     def get_model_state(self) -> dict | None:
         """The full model state dict on rank 0 (None elsewhere). A collective."""
