@@ -89,8 +89,8 @@ def test_call_returns_every_rank_result_in_rank_order(ray_local):
     try:
         assert group.setup_info == [{"rank": 0}, {"rank": 1}]
         assert group.call("rank_sum") == [3.0, 3.0]  # 1 + 2 on both ranks
-        # Set up, each rank froze its heap: a full collection no longer walks the imported modules (torch alone
-        # is over 100k objects), only what the rank made since.
+        # Set up, each rank froze its heap: a full collection no longer walks the imported modules, only what the
+        # rank made since.
         for frozen, walked in group.call("collector_view"):
             assert frozen > 100_000 and walked < frozen / 10, (frozen, walked)
         assert group.call_each("rank_sum", [(-1,), (-1,)]) == [3.0, 3.0]
