@@ -46,3 +46,43 @@ def test_every_listed_preset_composes_and_every_value_it_sets_arrives(name):
         for part in key.split("."):
             got = got[part] if isinstance(got, dict) else getattr(got, part)
         assert got == value, (name, key)
+
+
+# Each preset shrunk to seconds: a smaller model and fewer tasks, demonstrations and steps. The preset's own env
+# settings (level, turns, observation text, prompt budgets) and its algorithm and rewards stay as it sets them.
+SHRUNK = [
+    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+    "model.tiny.intermediate_size=64",
+    "env.train_tasks=16", "env.val_tasks=4", "data.train_batch_size=2", "algorithm.n=2",
+    "warmup.steps=2", "warmup.num_demos=8", "warmup.batch_size=4", "trainer.total_steps=2", "trainer.val_freq=0",
+    "trainer.save_freq=0", "trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=2",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_listed_preset_runs_its_warm_up_and_two_rl_steps(name, ray_local, tmp_path):
+    """The whole recipe, shrunk: validation untrained, the warm-up on the env's demonstrations, 2 GRPO steps, the
+    final validation and a checkpoint, on the preset's env exactly as it sets it."""
+    import json
+
+    from openmanus_rl_core.commands.train import train
+
+    run_dir = tmp_path / name
+    cfg = load([f"+experiment={name}", *SHRUNK, f"trainer.run_dir={run_dir}"])
+    assert train(cfg) == 0
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [r["step"] for r in recs if "train/reward_mean" in r] == [1, 2]
+    assert recs[0]["step"] == 0 and recs[0]["warmup/steps"] == 2 and "warmup/val/success_rate" in recs[0]
+    final = [r for r in recs if "val/success_rate" in r][-1]
+    assert final["step"] == 2 and 0.0 <= final["val/success_rate"] <= 1.0
+    assert (run_dir / "checkpoints" / "step_000002").is_dir()
+    episodes = [json.loads(line) for line in (run_dir / "validation" / "val_step_000002.jsonl").read_text().splitlines()]
+    assert len(episodes) == 4
+    assert not any(e["info"].get("prompt_truncated") for e in episodes), "the preset's prompt budget cuts the task"
+    episode = episodes[0]
+    preset = yaml.safe_load(_file(name).read_text())
+    assert episode["num_turns"] <= preset["env"]["max_turns"]
+    if name.startswith("babyai"):
+        assert episode["initial_observation"].startswith("Your goal: go to")
+        assert ("Available actions" in episode["initial_observation"]) == preset["env"]["kwargs"]["show_actions"]
