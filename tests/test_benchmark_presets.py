@@ -1,9 +1,13 @@
 """Every ``+experiment=`` preset that docs/benchmarks.md lists composes: the config loads and passes every check
-(no unknown key, plugin kwargs included), and each value the preset sets is the value the run gets."""
+(no unknown key, plugin kwargs included), and each value the preset sets is the value the run gets. And each one
+trains: its warm-up and 2 RL steps, shrunk to seconds, from the command line."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,16 +65,15 @@ SHRUNK = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PRESETS)
-def test_every_listed_preset_runs_its_warm_up_and_two_rl_steps(name, ray_local, tmp_path):
+def test_every_listed_preset_runs_its_warm_up_and_two_rl_steps(name, cli_env, tmp_path):
     """The whole recipe, shrunk: validation untrained, the warm-up on the env's demonstrations, 2 GRPO steps, the
-    final validation and a checkpoint, on the preset's env exactly as it sets it."""
-    import json
-
-    from openmanus_rl_core.commands.train import train
-
+    final validation and a checkpoint, on the preset's env exactly as it sets it. From the command line, in its
+    own process, as a user runs it (an in-process Ray would replace this process's ``print`` for later tests)."""
     run_dir = tmp_path / name
-    cfg = load([f"+experiment={name}", *SHRUNK, f"trainer.run_dir={run_dir}"])
-    assert train(cfg) == 0
+    cli = str(Path(sys.executable).parent / "openmanus-rl")
+    proc = subprocess.run([cli, "train", f"+experiment={name}", *SHRUNK, f"trainer.run_dir={run_dir}"], env=cli_env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in recs if "train/reward_mean" in r] == [1, 2]
     assert recs[0]["step"] == 0 and recs[0]["warmup/steps"] == 2 and "warmup/val/success_rate" in recs[0]
