@@ -87,15 +87,3 @@ def dist_group():
     yield ("127.0.0.1", port)
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    """One local Ray instance for the in-process runs of this module (train() reuses a running one)."""
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
-    yield
-    if started:
-        ray.shutdown()

@@ -17,6 +17,7 @@ from openmanus_rl_core.config import load
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
+CLI = str(Path(sys.executable).parent / "openmanus-rl")
 PRESETS = sorted(set(re.findall(r"\+experiment=(\w+)", DOC.read_text())))
 
 
@@ -70,8 +71,7 @@ def test_every_listed_preset_runs_its_warm_up_and_two_rl_steps(name, cli_env, tm
     final validation and a checkpoint, on the preset's env exactly as it sets it. From the command line, in its
     own process, as a user runs it (an in-process Ray would replace this process's ``print`` for later tests)."""
     run_dir = tmp_path / name
-    cli = str(Path(sys.executable).parent / "openmanus-rl")
-    proc = subprocess.run([cli, "train", f"+experiment={name}", *SHRUNK, f"trainer.run_dir={run_dir}"], env=cli_env,
+    proc = subprocess.run([CLI, "train", f"+experiment={name}", *SHRUNK, f"trainer.run_dir={run_dir}"], env=cli_env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

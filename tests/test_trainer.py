@@ -32,6 +32,18 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
+def ray_local():
+    """One local Ray instance for the in-process runs of this module (train() reuses a running one)."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
 def grpo_run(ray_local, tmp_path_factory):
     """GRPO on key_door for 3 steps, with NaN advantages (so a NaN loss) injected into the actor update at step 2."""
     from fault_injection import faulty_trainer, fit
