@@ -61,6 +61,7 @@ SHRUNK = [
     "env.train_tasks=16", "env.val_tasks=4", "data.train_batch_size=2", "algorithm.n=2",
     "warmup.steps=2", "warmup.num_demos=8", "warmup.batch_size=4", "trainer.total_steps=2", "trainer.val_freq=0",
     "trainer.save_freq=0", "trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=2",
+    "trainer.num_workers=1",
 ]
 
 

@@ -17,12 +17,14 @@ and is the step's reward). The level's own step limit ends the episode without s
 from __future__ import annotations
 
 import copy
+import logging
 import random
 from typing import Any, Sequence
 
 import gymnasium as gym
 import minigrid  # noqa: F401  (registers the BabyAI-* ids)
 from minigrid.core.constants import COLOR_NAMES
+from minigrid.envs.babyai.core import roomgrid_level
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
 from openmanus_rl_core.protocols import StepResult
@@ -68,6 +70,19 @@ def _text(action: Any) -> str:
 
 def _action_list(actions: dict[str, list[int]]) -> str:
     return "\nAvailable actions: [" + ", ".join(f'"{a}"' for a in actions) + "]"
+
+
+log = logging.getLogger(__name__)
+
+
+def _layout_redrawn(*args: Any) -> None:
+    """minigrid prints a line each time it rejects a random room layout and draws another ("Sampling rejected:
+    unreachable object at (4, 6)"); on GoToLocal that is one reset in ten. The redraw is routine, so it goes to
+    the debug log instead of flooding a run's output."""
+    log.debug("minigrid redrew a layout: %s", " ".join(map(str, args)))
+
+
+roomgrid_level.print = _layout_redrawn  # shadows the builtin for that module only
 
 
 class BabyAIEnv:

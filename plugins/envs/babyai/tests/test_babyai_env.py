@@ -59,6 +59,17 @@ def test_agentgym_observation_and_actions():
     assert not r.info["invalid"] and "Available actions" in r.observation
 
 
+def test_a_redrawn_room_layout_goes_to_the_debug_log_not_to_stdout(capsys, caplog):
+    """GoToLocal task 8's first random layout is rejected (an unreachable object) and redrawn: minigrid's notice
+    of it reaches the debug log, and the run's output stays clean."""
+    env = BabyAIEnv(levels=["BabyAI-GoToLocal-v0"])
+    with caplog.at_level("DEBUG", logger="openmanus_rl_env_babyai.env"):
+        obs = env.reset(8)
+    assert obs.startswith("Your goal: ")
+    assert capsys.readouterr().out == ""
+    assert any("unreachable object" in r.getMessage() for r in caplog.records)
+
+
 def test_success_when_mission_done_with_reward_below_one():
     env = BabyAIEnv()
     obs = env.reset(0, 0)  # GoToRedBallGrey
@@ -140,6 +151,8 @@ def test_learning_preset_composes():
     assert env.reset(cfg.env.train_tasks, 0).startswith("Your goal: go to ")
 
 
+@pytest.mark.long  # make test trains this env from the command line through its presets (babyai_quick and babyai_goto):
+# tests/test_benchmark_presets.py
 def test_two_step_grpo_train_from_the_command_line(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [str(BIN / "openmanus-rl"), "train", "env=babyai", "env.kwargs.levels=[BabyAI-GoToObj-v0]",

@@ -159,7 +159,8 @@ def test_long_episode_ends_truncated_and_reported():
     assert POOL.pids() == []
 
 
-@pytest.mark.long  # the CLI's train path is make test's on TextCraft and BabyAI; the env's own path is tested above
+@pytest.mark.long  # make test trains TextCraft and BabyAI from the command line (tests/test_benchmark_presets.py);
+# the env's own path is tested above
 def test_two_step_grpo_train_from_the_command_line(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [str(BIN / "openmanus-rl"), "train", "env=sciworld", "env.kwargs.tasks=[4-1]", "env.kwargs.envs_per_jvm=8",
