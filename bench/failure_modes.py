@@ -19,10 +19,18 @@ import json
 from pathlib import Path
 
 
+# (key, column header), in the table's order
+COLUMNS = [("episodes", "episodes"), ("success", "success"), ("failed", "failed"),
+           ("failed_invalid", "failed with an invalid action"),
+           ("failed_first_invalid", "failed with an invalid first action"),
+           ("after_invalid", "turns after an invalid action"), ("repeats", "of which repeat it"),
+           ("recovered", "recovered")]
+
+
 def count(path: Path) -> dict:
     episodes = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    row = {"file": str(path), "episodes": len(episodes), "success": 0, "failed": 0, "failed_invalid": 0,
-           "failed_first_invalid": 0, "after_invalid": 0, "repeats": 0, "recovered": 0}
+    row = dict.fromkeys((key for key, _ in COLUMNS), 0)
+    row["episodes"] = len(episodes)
     for ep in episodes:
         turns = ep["turns"]
         invalid = [bool((t.get("info") or {}).get("invalid")) for t in turns]
@@ -43,14 +51,12 @@ def count(path: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("files", nargs="+", type=Path)
-    rows = [count(f) for f in p.parse_args().files]
-    print("| file | episodes | success | failed | failed with an invalid action | "
-          "failed with an invalid first action | turns after an invalid action | of which repeat it | recovered |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['file']} | {r['episodes']} | {r['success']} | {r['failed']} | {r['failed_invalid']} | "
-              f"{r['failed_first_invalid']} | {r['after_invalid']} | {r['repeats']} | {r['recovered']} |")
-
+    files = p.parse_args().files
+    print("| file | " + " | ".join(header for _, header in COLUMNS) + " |")
+    print("|---|" + "---:|" * len(COLUMNS))
+    for f in files:
+        row = count(f)
+        print(f"| {f} | " + " | ".join(str(row[key]) for key, _ in COLUMNS) + " |")
 
 if __name__ == "__main__":
     main()

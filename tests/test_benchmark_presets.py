@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from openmanus_rl_core.config import load
+from openmanus_rl_core.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -75,7 +76,7 @@ def test_every_listed_preset_runs_its_warm_up_and_two_rl_steps(name, cli_env, tm
     proc = subprocess.run([CLI, "train", f"+experiment={name}", *SHRUNK, f"trainer.run_dir={run_dir}"], env=cli_env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    recs = read_metrics(run_dir)
     assert [r["step"] for r in recs if "train/reward_mean" in r] == [1, 2]
     assert recs[0]["step"] == 0 and recs[0]["warmup/steps"] == 2 and "warmup/val/success_rate" in recs[0]
     final = [r for r in recs if "val/success_rate" in r][-1]

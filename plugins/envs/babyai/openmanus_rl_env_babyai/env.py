@@ -77,8 +77,8 @@ log = logging.getLogger(__name__)
 
 def _layout_redrawn(*args: Any) -> None:
     """minigrid prints a line each time it rejects a random room layout and draws another ("Sampling rejected:
-    unreachable object at (4, 6)"); on GoToLocal that is one reset in ten. The redraw is routine, so it goes to
-    the debug log instead of flooding a run's output."""
+    unreachable object at (4, 6)"); on GoToLocal, many resets do. The redraw is routine, so it goes to the debug log
+    instead of flooding a run's output."""
     log.debug("minigrid redrew a layout: %s", " ".join(map(str, args)))
 
 

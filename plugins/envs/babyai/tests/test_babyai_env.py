@@ -151,8 +151,9 @@ def test_learning_preset_composes():
     assert env.reset(cfg.env.train_tasks, 0).startswith("Your goal: go to ")
 
 
-@pytest.mark.long  # make test trains this env from the command line through its presets (babyai_quick and babyai_goto):
+# make test trains this env from the command line through its presets (babyai_quick and babyai_goto):
 # tests/test_benchmark_presets.py
+@pytest.mark.long
 def test_two_step_grpo_train_from_the_command_line(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [str(BIN / "openmanus-rl"), "train", "env=babyai", "env.kwargs.levels=[BabyAI-GoToObj-v0]",

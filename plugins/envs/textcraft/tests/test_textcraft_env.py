@@ -134,8 +134,9 @@ def test_depth_one_goals():
         TextCraftEnv(min_depth=2, max_depth=1)
 
 
-@pytest.mark.long  # make test trains this env from the command line through its presets (textcraft_quick and textcraft_depth1):
+# make test trains this env from the command line through its presets (textcraft_quick and textcraft_depth1):
 # tests/test_benchmark_presets.py
+@pytest.mark.long
 def test_two_step_grpo_train_from_the_command_line(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [str(BIN / "openmanus-rl"), "train", "env=textcraft", "env.kwargs.max_depth=1", "env.train_tasks=100",
