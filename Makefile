@@ -26,8 +26,8 @@ demo: install
 test: install-test
 	$(PY) -m pytest -q
 
-# Opt-in: more end-to-end variants (other model families, real wandb/mlflow training runs) of what `make test`
-# already covers; about 5 minutes.
+# Opt-in: more end-to-end variants (other model families, real wandb/mlflow training runs, the env plugins' own
+# command-line runs, a run's other endings) of what `make test` already covers; about 7 minutes.
 test-long: install-test
 	$(PY) -m pytest -q -m long
 

@@ -98,7 +98,8 @@ def test_a_local_training_run_listens_on_loopback_only_and_sigterm_shuts_ray_dow
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-@pytest.mark.slow
+# The same `finally: trainer.shutdown()` ends the SIGTERM run above (make test); these two endings are variants.
+@pytest.mark.long
 @pytest.mark.parametrize("how", ["normally", "by an exception"])
 def test_the_driver_shuts_ray_down_however_it_ends(tmp_path, cli_env, how):
     # a GPU per worker on a machine without one fails after Ray started, before any worker exists
