@@ -53,6 +53,11 @@ def _run(run_dir: Path, loggers: str, *settings: str) -> None:
     pm.hook.openmanus_rl_step_end(step=1, metrics={"train/reward_mean": 0.25, "train/kl": float("nan")})
     pm.hook.openmanus_rl_step_end(step=2, metrics={"train/reward_mean": 0.5, "train/kl": 0.01})
     pm.hook.openmanus_rl_run_end(run_dir=str(run_dir), metrics={"train/reward_mean": 0.5, "val/success_rate": 0.75})
+    # W&B's service process writes the run file: finish() once returned before the run record was on disk (a CI
+    # run read the file without it). teardown() waits for the service to write everything and stop.
+    import wandb
+
+    wandb.teardown()
 
 
 def test_an_offline_run_holds_the_config_the_steps_and_the_summary(tmp_path, monkeypatch):
