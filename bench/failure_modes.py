@@ -58,5 +58,6 @@ def main() -> None:
         row = count(f)
         print(f"| {f} | " + " | ".join(str(row[key]) for key, _ in COLUMNS) + " |")
 
+
 if __name__ == "__main__":
     main()

@@ -13,6 +13,7 @@ first on PYTHONPATH), so two versions compare on the same machine and venv. The 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import subprocess
@@ -26,8 +27,8 @@ from openmanus_rl_core.testing.common import SMALL_RUN
 # later overrides win
 SMALL = [*SMALL_RUN, "warmup.enabled=false", "trainer.loggers=[]", "trainer.val_at_end=false", "trainer.save_freq=0",
          "trainer.save_at_end=false", "trainer.total_steps=1"]
-# (column, the start of the line that ends the phase)
-PHASES = [("model folder", "built the tiny model"), ("workers ready", None), ("step 1", "step 1/1")]
+# (column, the text of the line that ends the phase)
+PHASES = [("model folder", "built the tiny model"), ("workers ready", " actor worker(s) ready"), ("step 1", "step 1/1")]
 
 
 def one_run(src: str | None, extra: list[str]) -> dict[str, float]:
@@ -41,14 +42,12 @@ def one_run(src: str | None, extra: list[str]) -> dict[str, float]:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 bufsize=1)  # line by line: a line is timed when it is printed
         seen: dict[str, float] = {}
-        tail = []
+        tail = collections.deque(maxlen=20)
         for line in proc.stdout:
-            now = time.perf_counter() - t0
-            tail = (tail + [line])[-20:]
-            for column, start in PHASES:
-                hit = " actor worker(s) ready" in line if start is None else line.startswith(start)
-                if hit and column not in seen:
-                    seen[column] = now
+            tail.append(line)
+            for column, text in PHASES:
+                if text in line and column not in seen:
+                    seen[column] = time.perf_counter() - t0
         proc.wait()
         seen["exit"] = time.perf_counter() - t0
     if proc.returncode != 0 or len(seen) != len(PHASES) + 1:
