@@ -28,6 +28,7 @@ from openmanus_rl_core.config import ConfigError
 from openmanus_rl_core.engines import EngineUnavailableError
 from openmanus_rl_core.envs import EnvUnavailableError
 from openmanus_rl_core.registry import KINDS, PluginError
+from openmanus_rl_core.reward_failures import RewardFailure
 
 # command -> "module:function(cfg)"; imported only when that command runs. A two-word command is a sub-action.
 JOBS = {
@@ -200,13 +201,17 @@ def composed(command: str, overrides: Sequence[str]):
     return cfg, {}
 
 
-def prepare(command: str, overrides: Sequence[str]):
-    """``(typed config, job kwargs)``: everything checked before the job imports torch or starts anything."""
+def prepare(command: str, overrides: Sequence[str], rewards: Sequence = ()):
+    """``(typed config, job kwargs)``: everything checked before the job imports torch or starts anything.
+    ``rewards``: reward components given as Python callables (:mod:`~openmanus_rl_core.python_rewards`); a resumed
+    run must be given those it recorded."""
     from openmanus_rl_core.config import check
     from openmanus_rl_core.models import check_model
 
     cfg, changes = composed(command, overrides)
     typed = check(cfg, training=command in TRAINING_COMMANDS)
+    if command in TRAINING_COMMANDS:
+        changes = {**changes, **callable_changes(typed, rewards)}
     check_model(typed.model)  # a model or tokenizer that cannot work stops here, before Ray
     # eval, rollout and export take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
     kwargs: dict = {"overrides": list(overrides)} if command in FROM_RUN_COMMANDS else {}
@@ -216,6 +221,23 @@ def prepare(command: str, overrides: Sequence[str]):
         print(describe_changes(changes), flush=True)
         kwargs = {"changes": changes}
     return typed, kwargs
+
+
+def callable_changes(typed, rewards: Sequence) -> dict:
+    """A resume's change of the run's callable rewards (``{"python_rewards": (recorded, given)}``, or none); the
+    recorded ones must be given again (:func:`~openmanus_rl_core.python_rewards.take_again`)."""
+    from openmanus_rl_core.python_rewards import RECORD_KEY, record, take_again
+    from openmanus_rl_core.resume_config import run_dir_of, run_settings
+
+    run = run_dir_of(typed.trainer.resume, typed.trainer.run_dir)
+    saved = run_settings(run) if run is not None else None
+    if saved is None:
+        return {}
+    recorded = saved.get(RECORD_KEY) or []
+    take_again(recorded, rewards, typed.reward.missing_callables, f"the resume of {run}",
+               f"resume from Python with omrl.train([...], rewards={{...}}) giving them")
+    given = record(rewards)
+    return {} if given == recorded else {RECORD_KEY: (recorded, given)}
 
 
 def _job(command: str, args: argparse.Namespace) -> int:
@@ -312,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (EnvUnavailableError, EngineUnavailableError) as exc:  # a server down, or every episode failed: the message says which
+    except (EnvUnavailableError, EngineUnavailableError, RewardFailure) as exc:  # the message says what failed
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:

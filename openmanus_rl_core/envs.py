@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-__all__ = ["EnvService", "EnvUnavailableError", "EnvErrorWatch", "open_env_service"]
+__all__ = ["EnvService", "EnvUnavailableError", "EnvErrorWatch", "open_env_service", "undelayed"]
 
 
 class EnvUnavailableError(RuntimeError):
@@ -51,6 +51,18 @@ def open_env_service(name: str, factory: Any, kwargs: Mapping[str, Any]) -> EnvS
     if not isinstance(service, EnvService):
         raise TypeError(f"env {name!r}: serve() returned {type(service).__name__}, not an EnvService")
     return service
+
+
+def undelayed(env_factory: Callable[[], Any]) -> Callable[[], Any]:
+    """``env_factory`` for work off the rollout path (the tokenizer corpus, the warm-up's oracle episodes): an env
+    with ``without_delays()`` (see :class:`~openmanus_rl_core.protocols.Env`) is replaced by the env it returns, so
+    those episodes do not sit through a wrapper's simulated waits."""
+    def make() -> Any:
+        env = env_factory()
+        without = getattr(env, "without_delays", None)
+        return without() if callable(without) else env
+
+    return make
 
 
 class EnvErrorWatch:

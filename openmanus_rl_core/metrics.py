@@ -1,4 +1,5 @@
-"""Run directory, metrics (``metrics.jsonl`` + TensorBoard), the reward plot, progress bar and timers.
+"""Run directory, metrics (``metrics.jsonl`` + TensorBoard), the reward plot and timers (the progress bar:
+:mod:`openmanus_rl_core.progress`, re-exported here).
 
 ``metrics.jsonl`` holds one JSON object per logged step: ``{"step": 12, "train/reward_mean": 0.5,
 ...}``. Every value is a float; NaN and +-inf are written as ``null`` (JSON has no NaN). Nested
@@ -11,12 +12,13 @@ import datetime as _dt
 import json
 import math
 import os
-import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from openmanus_rl_core.progress import ProgressBar
 
 
 __all__ = [
@@ -206,7 +208,7 @@ def plot_rewards(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     given; returns the path. Drawn with matplotlib's Agg canvas (no display, no pyplot global state)."""
     path = Path(out) if out is not None else Path(run_dir) / PLOT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    reward_figure(run_dir).savefig(path, format="png")
+    reward_figure(run_dir).savefig(path, format="png", bbox_inches="tight")  # the legend sits outside the axes
     return path
 
 
@@ -217,7 +219,7 @@ def reward_figure(run_dir: str | os.PathLike):
     from matplotlib.ticker import MaxNLocator
 
     run_dir = Path(run_dir)
-    fig = Figure(figsize=(7, 4), dpi=100)
+    fig = Figure(figsize=(9, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -226,8 +228,8 @@ def reward_figure(run_dir: str | os.PathLike):
         warm = label.startswith("warm-up")
         ax.plot(xs, ys, linestyle=style, marker=marker, markersize=4, label=label,
                 **({"color": "grey", "linewidth": 2} if warm else {}))
-    if series:
-        ax.legend(loc="best", fontsize="small")
+    if series:  # right of the axes: inside, with a curve per component, it hides the curves
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
     else:
         ax.text(0.5, 0.5, "no reward metrics logged yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("step")
@@ -236,83 +238,6 @@ def reward_figure(run_dir: str | os.PathLike):
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig
-
-
-class ProgressBar:
-    """A tqdm bar over training steps whose postfix shows the latest reward and success rate.
-
-    ``update(step, metrics)`` moves the bar to ``step`` and shows ``reward_key`` and
-    ``success_key`` (plus the val numbers when the metrics carry them).
-    """
-
-    def __init__(self, total: int, initial: int = 0, desc: str = "train", reward_key: str = "train/reward_mean",
-                 success_key: str = "train/success_rate", file=None, disable: bool | None = False,
-                 log_path: str | Path | None = None, lines=None):
-        from tqdm.auto import tqdm
-
-        self.reward_key, self.success_key = reward_key, success_key
-        self.total = int(total)
-        self._file = file or sys.stderr
-        # Without the bar, one line per step on ``lines`` (stdout); with ``log_path``, the same lines in a text log
-        # a person can read later (appended: a resumed run goes on in the same file).
-        self._lines = (lines or sys.stdout) if disable else None
-        self._log = open(log_path, "a") if log_path is not None else None
-        self.bar = tqdm(total=int(total), initial=int(initial), desc=desc, file=self._file,
-                        dynamic_ncols=True, disable=disable, unit="step")
-        self._step = int(initial)
-        self._val: dict[str, float] = {}
-
-    def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
-        metrics = flatten_metrics(metrics or {})
-        for k in ("val/reward_mean", "val/success_rate"):
-            if metrics.get(k) is not None:
-                self._val[k] = float(metrics[k])
-        parts = {"step": str(int(step))}
-        for label, key in (("reward", self.reward_key), ("success", self.success_key)):
-            v = metrics.get(key)
-            if v is not None:
-                parts[label] = f"{float(v):.3f}"
-        if "val/reward_mean" in self._val:
-            parts["val_reward"] = f"{self._val['val/reward_mean']:.3f}"
-        if "val/success_rate" in self._val:
-            parts["val_success"] = f"{self._val['val/success_rate']:.3f}"
-        self.bar.set_postfix(parts, refresh=False)
-        self.bar.update(max(0, int(step) - self._step))
-        self._step = max(self._step, int(step))
-        line = self.step_line(step, metrics)
-        for out in (self._lines, self._log):
-            if out is not None:
-                print(line, file=out, flush=True)
-
-    def step_line(self, step: int, metrics: Mapping[str, Any]) -> str:
-        """``step 3/60: reward 0.512, success 0.500, val reward 0.625 success 0.625, 1.42s`` (val only when this
-        step validated)."""
-        def num(key: str) -> str:
-            v = metrics.get(key)
-            return "n/a" if v is None else f"{float(v):.3f}"
-
-        line = f"step {int(step)}/{self.total}: reward {num(self.reward_key)}, success {num(self.success_key)}"
-        if metrics.get("val/reward_mean") is not None:
-            line += f", val reward {num('val/reward_mean')} success {num('val/success_rate')}"
-        if metrics.get("timing/step") is not None:
-            line += f", {float(metrics['timing/step']):.2f}s"
-        return line
-
-    def write(self, message: str) -> None:
-        """Print a line without breaking the bar."""
-        self.bar.write(message, file=self._file)
-
-    def close(self) -> None:
-        self.bar.close()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> "ProgressBar":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class Timer:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from openmanus_rl_core.progress import Alive
 from openmanus_rl_core.schema import Config
 
 
@@ -42,8 +43,9 @@ def prepare_model_dir(cfg: Config, run_dir: Path, train_tasks: Sequence[dict], e
         elif not built or stamp.read_text() != recipe:
             t0 = time.perf_counter()
             corpus_tasks = train_tasks[:cfg.model.corpus_tasks or len(train_tasks)]
-            corpus = build_corpus(env_factory, template, corpus_tasks, cfg.rollout.max_turns)
-            load_model_and_tokenizer(cfg.model, corpus, save_dir=model_dir)
+            corpus = build_corpus(env_factory, template, corpus_tasks, cfg.rollout.max_turns, log=log)
+            with Alive(log, "building the tiny model", note=f"its tokenizer from {len(corpus)} corpus texts"):
+                load_model_and_tokenizer(cfg.model, corpus, save_dir=model_dir)
             stamp.write_text(recipe)
             log(f"built the tiny model and its tokenizer ({len(corpus)} corpus texts) in "
                 f"{time.perf_counter() - t0:.1f}s: {model_dir}")

@@ -428,10 +428,14 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def recipe_line(cfg: Any) -> str:
-    """The settings a run most easily gets wrong for its model, in one line printed at start."""
+def recipe_line(cfg: Any, resumed_from: Any = None) -> str:
+    """The settings a run most easily gets wrong for its model, in one line printed at start; ``resumed_from``: the
+    checkpoint a resume continues from (the warm-up and the untrained validation ran before it, and are skipped)."""
     w = cfg.warmup
     warm = f"{w.steps} steps at lr {w.lr:g}" if w.enabled and w.steps > 0 else "off"
+    if resumed_from is not None:
+        warm = f"skipped (resuming from {Path(resumed_from).name}: the untrained validation and the warm-up ran " \
+               f"before it)"
     model = cfg.model.path or "the embedded tiny model"
     critic = f", critic.lr {cfg.critic.lr:g}" if cfg.algorithm.use_critic else ""
     return f"recipe model={cfg.model.recipe} for {model}: actor.lr {cfg.actor.lr:g}{critic}, warm-up {warm}"

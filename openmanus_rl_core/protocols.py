@@ -90,6 +90,9 @@ class Env(Protocol):
       demonstration). The rollout calls it instead of ``reset`` when the task row has an ``observation``.
     - ``serve(**kwargs) -> EnvService`` on the env's entry point (class or factory), for envs behind servers: see
       :mod:`openmanus_rl_core.envs`.
+    - ``without_delays() -> Env`` -- the same episodes without simulated waits (a wrapper that only delays, such
+      as ``latency``, gives the env it wraps). Work off the rollout path plays that env instead: the tokenizer
+      corpus and the warm-up's oracle episodes (:func:`openmanus_rl_core.envs.undelayed`).
     """
 
     def reset(self, task_id: int | None = None, seed: int | None = None) -> str:
@@ -140,6 +143,11 @@ class ActionTemplate(Protocol):
 
     Attribute ``stop: list[str]`` -- strings that end a reply (the engine stops generating there,
     keeping the stop string).
+
+    Optional attribute ``end_pattern: str | None`` -- the regular expression a well-formed reply ends with, stop
+    string included (``re.search`` on the whole reply; e.g. ``</action>\\s*$``): the ``format`` reward scores a
+    reply that parses as valid and matches it, so a reply that runs on after its action earns nothing. Absent or
+    None: every valid reply counts. Set it, or ``format`` cannot tell a tidy reply from a rambling one.
     """
 
     stop: list[str]
@@ -230,6 +238,10 @@ class RewardComponent(Protocol):
     value on that turn's tokens. Without it, the whole value counts for the last turn.
 
     ``compute`` may also return a dict ``{"score": float, **extra_metrics}``.
+
+    Optional: ``use_template(template: ActionTemplate) -> None``, called once after the component is built with
+    the run's template, for a component that judges replies by the template's rules (``format`` reads its
+    ``end_pattern``).
     """
 
     def compute(self, trajectory: Trajectory) -> float:

@@ -10,11 +10,14 @@ from typing import Any, Callable
 
 PREVIOUS_DIR = "previous"
 # What a run leaves in its run directory that a fresh start would overwrite.
-_HISTORY = ("checkpoints", "metrics.jsonl", "tensorboard", "config.json", "rewards.png")
+_HISTORY = ("checkpoints", "metrics.jsonl", "tensorboard", "config.json", "config_history.jsonl", "rewards.png")
+# The run's own record (its settings and their recorded changes): kept when the run starts again from its beginning.
+_RECORD = ("config.json", "config_history.jsonl")
 
 
-def run_history(run_dir: Path) -> str:
-    """What of an earlier run ``run_dir`` holds (its checkpoints, its logged steps), in words; "" when nothing."""
+def run_history(run_dir: Path, with_record: bool = True) -> str:
+    """What of an earlier run ``run_dir`` holds (its checkpoints, its logged steps, and with ``with_record`` its
+    config.json), in words; "" when nothing."""
     from openmanus_rl_core.checkpoint import list_checkpoints
     from openmanus_rl_core.metrics import read_metrics
 
@@ -25,14 +28,18 @@ def run_history(run_dir: Path) -> str:
     steps = [r["step"] for r in read_metrics(run_dir) if isinstance(r.get("step"), int)]
     if steps:
         parts.append(f"metrics.jsonl with steps {min(steps)}..{max(steps)}")
+    if with_record and (run_dir / "config.json").is_file():
+        parts.append("config.json" + ("" if parts else " (started, no step completed)"))
     return "; ".join(parts)
 
 
-def set_aside_history(run_dir: Path, why: str, log) -> Path | None:
-    """Move an earlier run's checkpoints, metrics and TensorBoard logs to ``run_dir/previous/<time>/`` (nothing is
-    deleted); the moved-to folder, or None when there was no history."""
-    history = run_history(run_dir)
-    if not history:
+def set_aside_history(run_dir: Path, why: str, log, keep: tuple[str, ...] = ()) -> Path | None:
+    """Move an earlier run's checkpoints, metrics and TensorBoard logs (and its record, unless ``keep`` names it)
+    to ``run_dir/previous/<time>/`` (nothing is deleted); the moved-to folder, or None when there was nothing to
+    move."""
+    history = run_history(run_dir, with_record="config.json" not in keep)
+    moved = [name for name in _HISTORY if name not in keep and (run_dir / name).exists()]
+    if not history or not moved:
         return None
     stem = run_dir / PREVIOUS_DIR / time.strftime("%Y%m%d-%H%M%S")
     dest, i = stem, 0
@@ -40,10 +47,9 @@ def set_aside_history(run_dir: Path, why: str, log) -> Path | None:
         i += 1
         dest = stem.with_name(f"{stem.name}-{i}")
     dest.mkdir(parents=True)
-    for name in _HISTORY:
-        if (run_dir / name).exists():
-            os.rename(run_dir / name, dest / name)
-    log(f"{why}: starting fresh; the earlier run's {history} moved to {dest}")
+    for name in moved:
+        os.rename(run_dir / name, dest / name)
+    log(f"{why}: the earlier {', '.join(moved)} moved to {dest}")
     return dest
 
 
@@ -54,7 +60,8 @@ def resume_point(run_dir: Path, resume: Any, log: Callable[[str], None]) -> tupl
     the one before, with a warning); ``never``: a fresh start; a path: that checkpoint (or a run directory's
     newest). Nothing of an earlier run is overwritten unasked: with checkpoints that all fail to load, auto
     stops with an error listing them; a fresh start over an earlier run's history needs ``never``, which moves
-    that history under ``previous/``.
+    that history under ``previous/``. ``auto`` into a run stopped before its first checkpoint starts that run
+    again from its beginning: its logged steps move under ``previous/``, its record (config.json) stays.
     """
     from openmanus_rl_core.checkpoint import CheckpointError, load_latest_checkpoint, open_checkpoint
 
@@ -69,10 +76,13 @@ def resume_point(run_dir: Path, resume: Any, log: Callable[[str], None]) -> tupl
                                   f"{start_over}") from None
         if found is not None:
             return found
-        set_aside_history(run_dir, "trainer.resume=auto found no checkpoint", log)
+        if (run_dir / "config.json").is_file():  # stopped before its first checkpoint: the same run, from its start
+            log(f"trainer.resume=auto: {run_dir} holds no checkpoint; the run starts again from its beginning with "
+                f"its own settings (config.json)")
+            set_aside_history(run_dir, "starting again", log, keep=_RECORD)
         return None, None
     if mode == "never":
-        set_aside_history(run_dir, "trainer.resume=never", log)
+        set_aside_history(run_dir, "trainer.resume=never: starting fresh", log)
         return None, None
     if mode in ("null", "none", "false", ""):
         history = run_history(run_dir)

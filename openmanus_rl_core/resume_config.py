@@ -14,6 +14,10 @@ version's default.
 
 ``trainer.resume=<checkpoint or run directory>`` takes that run's settings the same way. Nothing is taken with
 ``trainer.resume`` null or ``never`` (a fresh start).
+
+A run stopped before its first checkpoint is resumed the same way: its ``config.json`` is its settings, and it starts
+again from its beginning (warm-up included). A run folder that holds checkpoints or metrics but no ``config.json``
+is refused: nothing says what experiment it was.
 """
 
 from __future__ import annotations
@@ -75,9 +79,9 @@ def run_dir_of(resume: str, run_dir: str | None) -> Path | None:
 
 def run_settings(run: Path) -> dict[str, Any] | None:
     """The run's settings now, flattened: ``config.json`` with every recorded change applied; None without a
-    record or without a checkpoint to continue from."""
+    record."""
     record = run / RECORD_FILE
-    if not record.is_file() or not any((run / "checkpoints").glob("step_*")):
+    if not record.is_file():
         return None
     flat = flatten(json.loads(record.read_text()))
     history = run / HISTORY_FILE
@@ -103,6 +107,10 @@ def resumed_config(cfg: DictConfig, overrides: Sequence[str], plain: Callable[[]
     run = run_dir_of(cfg.trainer.resume, cfg.trainer.run_dir)
     saved = run_settings(run) if run is not None else None
     if saved is None:
+        if run is not None and (any((run / "checkpoints").glob("step_*")) or (run / "metrics.jsonl").is_file()):
+            raise ConfigError(f"trainer.resume={cfg.trainer.resume}: {run} holds a run's checkpoints or metrics but "
+                              f"no {RECORD_FILE}, so its settings are unknown; give the run folder that holds "
+                              f"{RECORD_FILE}, or start a new run (another trainer.run_dir)")
         return cfg, {}
     known = schema_keys()
     saved = {k: v for k, v in saved.items() if _under(k, known)}  # keys an older version had are dropped
@@ -124,9 +132,9 @@ def resumed_config(cfg: DictConfig, overrides: Sequence[str], plain: Callable[[]
         k = next((k for k in changes if _under(k, [fixed])), None)
         if k is not None:
             old, new = changes[k]
-            raise ConfigError(f"{k}={_show(new)}: the run in {run} was trained with {k}={_show(old)}, and its "
-                              f"checkpoint cannot continue under another value; drop the override to continue "
-                              f"the run, or start a new run (another trainer.run_dir)")
+            raise ConfigError(f"{k}={_show(new)}: the run in {run} was started with {k}={_show(old)}, and it "
+                              f"cannot continue under another value; drop the override to continue the run, or "
+                              f"start a new run (another trainer.run_dir)")
     node = OmegaConf.merge(_schema_node(), unflatten(merged))
     return node, changes
 

@@ -4,7 +4,7 @@ A reward config (``configs/reward/<option>.yaml``) names components by label::
 
     components:
       goal:           {name: goal, weight: 1.0, kwargs: {}}
-      format:         {name: format, weight: 0.1, kwargs: {end_pattern: "</action>\\s*$"}}
+      format:         {name: format, weight: 0.1}   # a well-formed reply as the run's template says
       invalid_action: {weight: 0.1}          # name defaults to the label, kwargs to {}
 
 Each ``name`` is looked up in the ``reward`` registry (entry-point group ``openmanus_rl.rewards``). What
@@ -280,9 +280,13 @@ class RewardComposer:
 
     # -------------------------------------------------------------------------------- construction
     @classmethod
-    def from_config(cls, components_cfg: Mapping[str, Any] | None) -> "RewardComposer":
+    def from_config(cls, components_cfg: Mapping[str, Any] | None, template: Any = None) -> "RewardComposer":
         """Build from ``{label: {name, weight, kwargs}}`` (``name`` defaults to the label, ``weight`` to
         1.0, ``kwargs`` to ``{}``). The whole reward group config ``{components: {...}}`` is accepted too.
+
+        ``template``: the run's :class:`~openmanus_rl_core.protocols.ActionTemplate`. A component that scores
+        replies by the template's own rules has an optional ``use_template(template)`` method, called here once
+        after the component is built (e.g. ``format`` takes the template's ``end_pattern``).
 
         Raises :class:`~openmanus_rl_core.registry.UnknownPluginError` for an unknown name and
         ``ValueError`` naming the label for a bad weight or an unknown key.
@@ -324,6 +328,8 @@ class RewardComposer:
                 name = spec.get("name") or str(label)
                 obj = registry("reward").get(name)  # UnknownPluginError with close matches if not installed
                 component = build_component(obj, kwargs, label=str(label), name=name)
+            if template is not None and callable(getattr(component, "use_template", None)):
+                component.use_template(template)
             specs.append(ComponentSpec(str(label), name, weight, component, dict(kwargs)))
         return cls(specs)
 

@@ -78,6 +78,13 @@ class RewardConfig:
 
     components: Dict[str, Any] = opt({}, "label -> {name: reward plugin, weight: 1.0, kwargs: {...}} (checked by "
                                          "the reward composer; name defaults to the label)")
+    on_error: str = opt("raise", "a component that fails on every sample of a training step: raise (the run stops, "
+                                 "exit 1, naming it) | warn (a console line, the run goes on); a partial failure "
+                                 "is a console line per step either way", choices=("raise", "warn"),
+                        commands=("train",))
+    missing_callables: str = opt("refuse", "a resume or eval of a run that had rewards given as Python callables, "
+                                           "without them given again: refuse (one line naming them) | drop (go "
+                                           "on without them)", choices=("refuse", "drop"), commands=("train", "eval"))
 
 
 # -------------------------------------------------------------------------------------------------- algorithm
@@ -384,7 +391,8 @@ class TrainerConfig:
                                               "hparams), and installed tracker plugins such as wandb, mlflow")
     tracker_kwargs: Dict[str, Any] = opt({}, "tracker name (one of loggers) -> its settings, checked against the "
                                               "tracker's Kwargs, e.g. trainer.tracker_kwargs.wandb.project=my-runs")
-    progress: bool = opt(True, "show a progress bar")
+    progress: bool = opt(True, "show a progress bar on a terminal (a plain line per step when stderr is not one; "
+                               "false: a plain line per step always)")
     checkpoint: Optional[str] = opt(None, "`openmanus-rl eval`: the checkpoint folder or run directory",
                                     commands=FROM_CHECKPOINT,
                                     instead={"train": "to continue a run, use trainer.run_dir=<run> "

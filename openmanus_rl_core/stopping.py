@@ -53,10 +53,12 @@ class StopOnSignal:
         self._deadline: threading.Timer | None = None
 
     def install(self, hint: str = "") -> "StopOnSignal":
+        """Handle the stop signals from now on; installing again (after ``ray.init`` took SIGTERM) keeps the
+        handlers that were there first, for :meth:`restore`."""
         self.hint = hint or self.hint
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
-                self._previous[s] = signal.signal(s, self._handle)
+                self._previous.setdefault(s, signal.signal(s, self._handle))
         return self
 
     def restore(self) -> None:

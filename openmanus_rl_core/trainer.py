@@ -38,6 +38,7 @@ import numpy as np
 from openmanus_rl_core import heap
 from openmanus_rl_core.config import check
 from openmanus_rl_core.metrics import mean
+from openmanus_rl_core.reward_failures import check_reward_failures
 from openmanus_rl_core.schema import Config
 from openmanus_rl_core.stopping import Abandoned, StopOnSignal
 from openmanus_rl_core.trainer_setup import setup
@@ -87,10 +88,14 @@ class _Log:
 class Trainer:
     """The driver of one run: builds everything from the config, then :meth:`fit`."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: Any, rewards: Sequence[Any] = ()):
+        """``rewards``: reward components given as Python callables (:mod:`~openmanus_rl_core.python_rewards`),
+        next to the configured ones; the run records them by name."""
         quiet_transformers()
+        self.t_start = time.perf_counter()
         self.cfg_node = cfg  # as composed (the run_start hook gets it)
         self.cfg: Config = check(cfg)
+        self.python_rewards = list(rewards)
         self.log = _Log()
         self.stop = StopOnSignal(self.log, self.cfg.trainer.stop_grace_s)  # installed by fit (stopping.py)
         self.ray_started = False
@@ -234,6 +239,8 @@ class Trainer:
                 reward_metrics = self.composer.batch_metrics(breakdowns)
             else:
                 breakdowns, reward_metrics = self.composer.compose_batch(trajectories)
+            check_reward_failures(self.composer.labels, breakdowns, trajectories, step, self.cfg.reward.on_error,
+                                  self.log)
             batch = build_batch(episodes, breakdowns, self.allocator, self.pad_token_id,
                                 self.cfg.rollout.keep_env_errors)
         ro_metrics = rollout_metrics(episodes, elapsed_s=self.timer.timings["rollout"])

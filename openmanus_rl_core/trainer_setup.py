@@ -14,6 +14,7 @@ from typing import Any
 from openmanus_rl_core import heap
 from openmanus_rl_core.algorithms.correction import correction_mode
 from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter
+from openmanus_rl_core.python_rewards import RECORD_KEY, record
 
 
 def setup(trainer: Any) -> None:
@@ -42,10 +43,11 @@ def setup(trainer: Any) -> None:
     trainer.total_steps = cfg.trainer.total_steps
     check_model(cfg.model)  # before anything is created: a bad model or tokenizer is one clear message
     trainer.run_dir = make_run_dir(cfg)
-    trainer.log(recipe_line(cfg))
     trainer.resume_path, trainer._resume_state = resume_point(trainer.run_dir, cfg.trainer.resume, trainer.log)
-    if trainer.resume_path is None or not (trainer.run_dir / "config.json").exists():  # a resume keeps the record
-        (trainer.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+    trainer.log(recipe_line(cfg, resumed_from=trainer.resume_path))
+    if not (trainer.run_dir / "config.json").exists():  # the record of the run's first settings, never rewritten
+        settings = {**dataclasses.asdict(cfg), RECORD_KEY: record(trainer.python_rewards)}
+        (trainer.run_dir / "config.json").write_text(json.dumps(settings, indent=2, default=str))
     trainer.pm = make_plugin_manager()
 
     # The env's servers: checked (or started, by this process only) before any model or tokenizer is built.
@@ -75,7 +77,8 @@ def setup(trainer: Any) -> None:
     # Components used on the driver.
     trainer.template = build("template", cfg.template)
     trainer.env_factory = lambda: build("env", cfg.env)
-    trainer.composer = RewardComposer.from_config(cfg.reward.components)
+    configured = RewardComposer.from_config(cfg.reward.components, template=trainer.template)
+    trainer.composer = RewardComposer([*configured.specs, *trainer.python_rewards])  # callables checked alike
     trainer.allocator = build("allocator", cfg.allocator)
     trainer.algo = algo = cfg.algorithm
     trainer.n = cfg.rollout.n

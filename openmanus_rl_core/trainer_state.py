@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from openmanus_rl_core.python_rewards import RECORD_KEY, record
+
 
 def save(trainer: Any, step: int) -> Path:
     """A checkpoint of ``trainer`` after ``step``: workers' weights, optimizers and RNGs, the sampler, the stream's
@@ -27,7 +29,7 @@ def save(trainer: Any, step: int) -> Path:
                     "kl_coef": float(trainer.kl_ctrl.value), "total_steps": int(trainer.total_steps),
                     "warmup_done": True, "policy_version": int(trainer.policy_version)},
         "meta": {"model_dir": str(trainer.model_dir), "step": int(step), "config": dataclasses.asdict(trainer.cfg),
-                 "lora": trainer.cfg.model.lora.enabled},
+                 "lora": trainer.cfg.model.lora.enabled, RECORD_KEY: record(trainer.python_rewards)},
     }
     if actor_states[0].get("ref_model") is not None:  # a KL term's reference policy (ActorWorker.get_state)
         state["ref_model"] = actor_states[0]["ref_model"]

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from openmanus_rl_core.metrics import mean, success_interval
+from openmanus_rl_core.progress import Alive
 from openmanus_rl_core.protocols import TERMINATIONS
 
 
@@ -19,7 +20,9 @@ def validate(trainer: Any, step: int, prefix: str = "val") -> dict[str, float]:
     tasks = [dict(t, group_id=f"val:{i}") for i, t in enumerate(trainer.val_tasks)]
     tasks = expand_tasks(tasks, 1)
     overrides = {"n": 1, "greedy": trainer.cfg.trainer.val_greedy, "temperature": trainer.cfg.trainer.val_temperature}
-    episodes = trainer._rollout(tasks, overrides, keep_rng=True)
+    what = "validation" if prefix == "val" else f"validation ({prefix})"
+    with Alive(trainer.log, what, note=f"{len(tasks)} tasks"):  # the actor ranks play them: lines while waiting
+        episodes = trainer._rollout(tasks, overrides, keep_rng=True)
     trajs = [e.trajectory for e in episodes]
     breakdowns, rmetrics = trainer.composer.compose_batch(trajs)
     out = {

@@ -29,6 +29,8 @@ import numpy as np
 import torch
 
 from openmanus_rl_core.batch import Batch
+from openmanus_rl_core.envs import undelayed
+from openmanus_rl_core.progress import Alive
 
 __all__ = ["oracle_episode", "task_demonstration", "build_corpus", "build_demonstrations", "demo_batch",
            "run_warmup"]
@@ -64,14 +66,26 @@ def task_demonstration(task: Mapping[str, Any]) -> tuple[str, list[tuple[str, st
 
 
 def build_corpus(env_factory: Callable[[], Any], template: Any, tasks: Sequence[Mapping[str, Any]],
-                 max_turns: int) -> list[str]:
+                 max_turns: int, log: Callable[[str], None] | None = None) -> list[str]:
     """Tokenizer training texts: each oracle episode's pieces (system prompt, observations, rendered replies;
-    :func:`rollout.tokenizer_corpus`) plus the whole episode rendered in ChatML, so merges span the chat
-    scaffolding too."""
-    from openmanus_rl_core.models import IM_END, IM_START
+    :func:`rollout.tokenizer_corpus`) plus the whole episode rendered in ChatML (:func:`chat_transcripts`), so
+    merges span the chat scaffolding too. Two episodes per task, without a wrapper's simulated waits
+    (:func:`envs.undelayed`); ``log`` hears how many are done at least every :data:`progress.EVERY_S` seconds."""
     from openmanus_rl_core.rollout import tokenizer_corpus
 
-    texts = tokenizer_corpus(env_factory, template, tasks, max_turns=max_turns)
+    env_factory = undelayed(env_factory)
+    with Alive(log, "building the tokenizer corpus", total=2 * len(tasks), unit="episodes") as progress:
+        texts = tokenizer_corpus(env_factory, template, tasks, max_turns=max_turns, progress=progress)
+        return texts + chat_transcripts(env_factory, template, tasks, max_turns, progress)
+
+
+def chat_transcripts(env_factory: Callable[[], Any], template: Any, tasks: Sequence[Mapping[str, Any]],
+                     max_turns: int, progress: Alive | None = None) -> list[str]:
+    """Each task's demonstration (its own, or the env's oracle episode) rendered in ChatML: none for a task
+    with neither. ``progress`` is told of each task."""
+    from openmanus_rl_core.models import IM_END, IM_START
+
+    texts: list[str] = []
     probe = env_factory()
     try:
         instruction = str(getattr(probe, "instruction", "") or "")
@@ -79,6 +93,8 @@ def build_corpus(env_factory: Callable[[], Any], template: Any, tasks: Sequence[
     finally:
         probe.close()
     for task in tasks:
+        if progress is not None:
+            progress.advance()
         episode = task_demonstration(task)
         if episode is None and not has_oracle:
             continue  # no env is built per task when nothing comes of it
@@ -100,11 +116,15 @@ def build_corpus(env_factory: Callable[[], Any], template: Any, tasks: Sequence[
 
 
 def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenizer: Any,
-                         tasks: Sequence[Mapping[str, Any]], max_turns: int) -> list[tuple[list[int], list[int]]]:
+                         tasks: Sequence[Mapping[str, Any]], max_turns: int,
+                         log: Callable[[str], None] | None = None) -> list[tuple[list[int], list[int]]]:
     """One ``(input_ids, loss_mask)`` per task that has a demonstration (its own, or the env's oracle), in the
-    rollout's token layout (module docstring). Empty when the env has no oracle and no task a demonstration."""
+    rollout's token layout (module docstring). Empty when the env has no oracle and no task a demonstration.
+    The oracle plays without a wrapper's simulated waits (:func:`envs.undelayed`); ``log`` hears how many tasks
+    are done at least every :data:`progress.EVERY_S` seconds."""
     from openmanus_rl_core.rollout import ChatDelta
 
+    env_factory = undelayed(env_factory)
     chat = ChatDelta(tokenizer)
     end_ids = [] if list(getattr(template, "stop", []) or []) else list(chat.end_ids)
     probe = env_factory()
@@ -114,29 +134,35 @@ def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenize
     finally:
         probe.close()
     demos = []
-    for task in tasks:
-        episode = task_demonstration(task)
-        if episode is None:
-            if not has_oracle:
-                continue
-            env = env_factory()
-            try:
-                episode = oracle_episode(env, task, max_turns)
-            finally:
-                env.close()
-        obs0, steps = episode
-        ids = chat.prompt_ids(system, obs0)
-        mask = [0] * len(ids)
-        for i, (action, obs) in enumerate(steps):
-            reply = chat.encode(template.render(action)) + end_ids
-            ids += reply
-            mask += [1] * len(reply)
-            if i < len(steps) - 1:
-                delta = chat.obs_ids(chat.encode(obs), reply)
-                ids += delta
-                mask += [0] * len(delta)
-        demos.append((ids, mask))
+    with Alive(log, "warm-up demonstrations", total=len(tasks), unit="tasks") as progress:
+        for task in tasks:
+            progress.advance()
+            episode = task_demonstration(task)
+            if episode is None and has_oracle:
+                env = env_factory()
+                try:
+                    episode = oracle_episode(env, task, max_turns)
+                finally:
+                    env.close()
+            if episode is not None:
+                demos.append(_demonstration(chat, template, system, end_ids, *episode))
     return demos
+
+
+def _demonstration(chat: Any, template: Any, system: str, end_ids: list[int], obs0: str,
+                   steps: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
+    """``(input_ids, loss_mask)`` of one episode (module docstring)."""
+    ids = chat.prompt_ids(system, obs0)
+    mask = [0] * len(ids)
+    for i, (action, obs) in enumerate(steps):
+        reply = chat.encode(template.render(action)) + end_ids
+        ids += reply
+        mask += [1] * len(reply)
+        if i < len(steps) - 1:
+            delta = chat.obs_ids(chat.encode(obs), reply)
+            ids += delta
+            mask += [0] * len(delta)
+    return ids, mask
 
 
 def demo_batch(demos: Sequence[tuple[list[int], list[int]]], pad_token_id: int) -> Batch:
@@ -165,7 +191,7 @@ def run_warmup(step_fn: Callable[[list[Batch], float], list[dict]], demos: Seque
     returns each rank's metrics. LR: linear ramp over ``warmup_ratio * steps`` steps, then ``constant`` or
     ``cosine`` (decay to 10%). Constant is the default: what the warm-up must learn (copying a word from the
     observation) appears abruptly after a plateau, and a decaying LR delays it. The order of demonstrations is a
-    fixed function of ``seed``.
+    fixed function of ``seed``. ``log`` hears the step and loss at least every :data:`progress.EVERY_S` seconds.
     """
     from openmanus_rl_core.algorithms.schedules import make_lr_lambda
 
@@ -181,20 +207,23 @@ def run_warmup(step_fn: Callable[[list[Batch], float], list[dict]], demos: Seque
     losses, accs = [], []
     last: dict[str, float] = {}
     skipped = 0
-    for s in range(int(steps)):
-        while len(order) < size:
-            order.extend(rng.permutation(n).tolist())
-        idx, order = order[:size], order[size:]
-        # Sort by length inside the step so each rank's shard pads little (the step's sample set is unchanged).
-        idx.sort(key=lambda i: len(demos[i][0]))
-        shards = [demo_batch([demos[i] for i in idx[r::world_size]], pad_token_id) for r in range(world_size)]
-        results = step_fn(shards, float(lr) * lr_at(s))
-        last = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
-        losses.append(last["loss"])
-        accs.append(last.get("token_acc", float("nan")))
-        skipped += int(max(r.get("skipped", 0.0) for r in results))
-        if log and (s == 0 or (s + 1) % max(1, steps // 5) == 0 or s == steps - 1):
-            log(f"warm-up step {s + 1}/{steps}: loss {last['loss']:.4f} token acc {last.get('token_acc', 0):.3f}")
+    with Alive(log, "warm-up", total=int(steps), unit="steps") as progress:
+        for s in range(int(steps)):
+            while len(order) < size:
+                order.extend(rng.permutation(n).tolist())
+            idx, order = order[:size], order[size:]
+            # Sort by length inside the step so each rank's shard pads little (the step's sample set is unchanged).
+            idx.sort(key=lambda i: len(demos[i][0]))
+            shards = [demo_batch([demos[i] for i in idx[r::world_size]], pad_token_id) for r in range(world_size)]
+            results = step_fn(shards, float(lr) * lr_at(s))
+            last = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
+            losses.append(last["loss"])
+            accs.append(last.get("token_acc", float("nan")))
+            skipped += int(max(r.get("skipped", 0.0) for r in results))
+            if s == 0 or (s + 1) % max(1, steps // 5) == 0 or s == steps - 1:
+                progress.say(f"warm-up step {s + 1}/{steps}: loss {last['loss']:.4f} token acc "
+                             f"{last.get('token_acc', 0):.3f}")
+            progress.update(s + 1, note=f"loss {last['loss']:.4f}")
     tail = max(1, len(losses) // 10)
     return {
         "warmup/loss": float(np.mean(losses[-tail:])),
@@ -217,7 +246,7 @@ def warm_up(trainer: Any) -> dict[str, float]:
     # Demonstrations come from the training tasks only (never the validation tasks).
     demo_tasks = trainer.train_tasks[:wcfg.num_demos or len(trainer.train_tasks)]
     demos = build_demonstrations(trainer.env_factory, trainer.template, trainer.tokenizer, demo_tasks,
-                                 trainer.cfg.rollout.max_turns)
+                                 trainer.cfg.rollout.max_turns, log=trainer.log)
     if not demos:
         trainer.can_warm_up = False
         trainer.log(f"warm-up skipped: env {trainer.cfg.env.name!r} has no oracle and the training tasks carry "

@@ -44,16 +44,16 @@ def test_the_readme_example_trains_with_a_callable_reward_and_returns_the_metric
     assert abs(last["train/reward/short/mean"] - 0.1 * last["train/reward/short/raw_mean"]) < 1e-9
     assert metrics["train/reward/short/mean"] == last["train/reward/short/mean"]
     assert metrics["val/reward_mean"] == last["val/reward_mean"] and "val/reward/short/mean" in last
-    assert got["eval"]["tasks"] == 2 and "reward/goal/mean" in got["eval"]
+    assert got["eval"]["tasks"] == 2 and "reward/goal/mean" in got["eval"] and "reward/short/mean" in got["eval"]
 
 
 def test_a_plain_callable_weighs_1_and_a_pair_gives_its_weight():
-    from openmanus_rl_core.api import reward_specs
+    from openmanus_rl_core.python_rewards import callable_specs
 
     def turns(t):
         return float(t.num_turns)
 
-    specs = reward_specs({"turns": turns, "half": (turns, 0.5)})
+    specs = callable_specs({"turns": turns, "half": (turns, 0.5)})
     assert [(s.label, s.name, s.weight) for s in specs] == [("turns", "python:" + turns.__qualname__, 1.0),
                                                             ("half", "python:" + turns.__qualname__, 0.5)]
 

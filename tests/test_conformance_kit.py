@@ -9,6 +9,7 @@ from openmanus_rl_core.testing import (
     check_env,
     check_oracle,
     check_reward,
+    check_memory,
     check_template,
     hostile_texts,
 )
@@ -121,6 +122,68 @@ def test_reward_with_inconsistent_turns_fails_the_kit():
 
     with pytest.raises(ConformanceError, match="sums to 0"):
         check_reward(Bad())
+
+
+class Length:
+    def compute(self, t):
+        return -0.01 * t.response_length
+
+
+class LastToken:
+    def __call__(self, reward, turn_rewards, segments, length):
+        return [reward if i == segments[-1][1] - 1 else 0.0 for i in range(length)]
+
+
+class LastTurnMemory:
+    per_turn = True
+
+    def messages(self, system, task, history):
+        last = [{"role": "assistant", "content": history[-1].reply},
+                {"role": "user", "content": history[-1].observation}] if history else []
+        return [{"role": "system", "content": system}, {"role": "user", "content": task}, *last]
+
+
+def test_every_check_takes_a_class_or_an_instance():
+    check_reward(Length)
+    check_reward(Length())
+    check_env(GoodEnv, actions=["yes"])
+    check_env(GoodEnv(), actions=["yes"])
+    check_env(lambda: GoodEnv(), actions=["yes"])  # a factory still works
+    check_oracle(GoodEnv, task_ids=[0, 1])
+    check_oracle(GoodEnv(), task_ids=[0, 1])
+    check_template(GoodTemplate)
+    check_template(GoodTemplate())
+    check_allocator(LastToken)
+    check_allocator(LastToken())
+    check_memory(LastTurnMemory)
+    check_memory(LastTurnMemory())
+
+
+def test_the_kit_still_judges_a_class_it_built():
+    with pytest.raises(ConformanceError, match="not deterministic"):
+        check_env(NonDeterministicReset())
+    with pytest.raises(ConformanceError, match="raised IndexError"):
+        check_template(RaisingTemplate)
+
+
+def test_a_class_that_needs_arguments_is_refused_by_name():
+    class Scaled:
+        def __init__(self, scale):
+            self.scale = scale
+
+        def compute(self, t):
+            return self.scale
+
+    class NeedsPath(GoodEnv):
+        def __init__(self, path, *, level=1):
+            self.path = path
+
+    with pytest.raises(TypeError, match=r"check_reward\(Scaled\).*'scale'.*check_reward\(Scaled\(\.\.\.\)\)"):
+        check_reward(Scaled)
+    with pytest.raises(TypeError, match=r"check_env\(NeedsPath\).*'path'"):
+        check_env(NeedsPath)
+    check_reward(Scaled(0.5))
+    check_env(NeedsPath("/x"), actions=["yes"])
 
 
 def test_hostile_texts_are_reproducible():

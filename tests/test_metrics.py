@@ -78,8 +78,13 @@ def test_plot_rewards_writes_a_png(tmp_path):
     assert plot_rewards(empty).read_bytes()[:4] == b"\x89PNG"  # no metrics yet: still a (labelled) picture
 
 
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 def test_progress_bar_shows_step_reward_and_success():
-    buf = io.StringIO()
+    buf = _Terminal()
     with ProgressBar(total=10, file=buf, disable=False) as bar:
         bar.update(1, {"train/reward_mean": 0.25, "train/success_rate": 0.5})
         bar.update(2, {"train/reward_mean": 0.5, "train/success_rate": 0.75, "val/reward_mean": 0.125})
@@ -87,6 +92,26 @@ def test_progress_bar_shows_step_reward_and_success():
     text = buf.getvalue()
     assert "2/10" in text and "step=2" in text and "reward=0.500" in text and "success=0.750" in text
     assert "val_reward=0.125" in text and "a message" in text
+
+
+def test_progress_bar_prints_plain_step_lines_when_the_console_is_not_a_terminal():
+    """Redirected to a file, the console gets one line per step, never tqdm's carriage-return redraws."""
+    console, lines = io.StringIO(), io.StringIO()
+    with ProgressBar(total=10, file=console, disable=False, lines=lines) as bar:
+        bar.update(1, {"train/reward_mean": 0.25, "train/success_rate": 0.5})
+        bar.update(2, {"train/reward_mean": 0.5, "train/success_rate": 0.75, "timing/step": 1.5})
+    assert lines.getvalue() == ("step 1/10: reward 0.250, success 0.500\n"
+                                "step 2/10: reward 0.500, success 0.750, 1.50s\n")
+    assert console.getvalue() == ""
+
+
+def test_the_first_stream_step_is_flagged_in_the_step_line():
+    metrics = {"train/reward_mean": 0.9, "train/success_rate": 1.0, "timing/step": 2.0}
+    with ProgressBar(total=4, file=io.StringIO(), lines=io.StringIO()) as bar:
+        assert bar.step_line(1, {**metrics, "stream/first_batch": 1.0}) == (
+            "step 1/4: reward 0.900, success 1.000, 2.00s, first stream step: fastest groups")
+        assert bar.step_line(2, {**metrics, "stream/first_batch": 0.0}) == (
+            "step 2/4: reward 0.900, success 1.000, 2.00s")
 
 
 def test_timer_accumulates_phases():
@@ -182,6 +207,25 @@ def test_the_plot_gives_the_warm_up_its_own_segment_and_integer_steps(tmp_path):
         logger.log(2, {"val/reward_mean": 0.3})
     assert [(label, xs, ys) for label, xs, ys, _, _ in reward_series(read_metrics(run))] == [
         ("val reward", [0, 2], [0.1, 0.3])]
+
+
+def test_the_reward_plot_legend_stays_off_the_curves(tmp_path):
+    """The legend sits outside the axes (and inside the saved picture), however many curves there are."""
+    from openmanus_rl_core.metrics import reward_figure
+
+    with MetricsLogger(tmp_path, tensorboard=False) as logger:
+        for step in range(1, 9):
+            logger.log(step, {"train/reward_mean": step / 8, "train/reward/goal/mean": step / 10,
+                              "train/reward/format/mean": 0.05, "train/reward/invalid_action/mean": -0.02,
+                              "val/reward_mean": step / 9, "val/success_rate": step / 10})
+    fig = reward_figure(tmp_path)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    box, axes_box = legend.get_window_extent(), ax.get_window_extent()
+    assert len(legend.get_texts()) == 6
+    assert not box.overlaps(axes_box), (box, axes_box)
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1
 
 
 def test_the_success_interval_is_wilsons_and_stays_inside_0_1():

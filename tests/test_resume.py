@@ -5,6 +5,7 @@ the previous checkpoint is in test_trainer.py (it needs a trained run)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -24,8 +25,12 @@ TRAIN = [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_do
 
 
 def _earlier_run(run_dir: Path) -> dict[str, bytes]:
-    """A run directory as a run that got to step 4 leaves it: checkpoints 2 and 4, metrics for steps 0..4.
-    Returns every file's bytes, to show later that nothing changed."""
+    """A run directory as a run that got to step 4 leaves it: its config.json, checkpoints 2 and 4, metrics for
+    steps 0..4. Returns every file's bytes, to show later that nothing changed."""
+    from openmanus_rl_core.config import load
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(load(TRAIN[2:])), default=str))
     for step in (2, 4):
         save_checkpoint(run_dir, step, {"model": {"w": torch.full((4,), float(step))}, "trainer": {"step": step}})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "train/reward_mean": s / 10}) + "\n"
@@ -60,8 +65,7 @@ def test_auto_resume_with_every_checkpoint_damaged_stops_and_lists_each(tmp_path
            f"trainer.resume=never" in err
     assert "Traceback" not in err and "starting fresh" not in out.stdout
     after = _files(run_dir)
-    assert {k: v for k, v in after.items() if k in before} == before  # every checkpoint file, metrics.jsonl
-    assert set(after) - set(before) <= {"config.json"}
+    assert after == before  # every checkpoint file, metrics.jsonl, config.json
 
 
 def test_a_fresh_start_over_an_earlier_run_needs_an_explicit_choice(tmp_path, cli_env):
@@ -71,34 +75,66 @@ def test_a_fresh_start_over_an_earlier_run_needs_an_explicit_choice(tmp_path, cl
                          timeout=600)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert (f"error: trainer.run_dir={run_dir} already holds a run (checkpoints step_000002, step_000004; "
-            f"metrics.jsonl with steps 0..4) and trainer.resume is not set. Continue it with trainer.resume=auto. "
+            f"metrics.jsonl with steps 0..4; config.json) and trainer.resume is not set. Continue it with trainer.resume=auto. "
             f"To start over anyway") in out.stderr
     assert _files(run_dir) == before
 
 
-@pytest.mark.parametrize("resume,why", [("never", "trainer.resume=never"),
-                                        ("auto", "trainer.resume=auto found no checkpoint")])
-def test_starting_fresh_sets_the_earlier_history_aside(tmp_path, resume, why):
-    """never: the earlier checkpoints and metrics move to previous/<time>/, byte for byte; auto with no checkpoint
-    (a run killed before its first save) does the same with the steps it logged."""
+def test_never_sets_the_earlier_history_and_record_aside(tmp_path):
+    """never: the earlier checkpoints, metrics and config.json move to previous/<time>/, byte for byte."""
     from openmanus_rl_core.resume import resume_point
 
     run_dir = tmp_path / "run"
     before = _earlier_run(run_dir)
-    if resume == "auto":
-        import shutil
-
-        shutil.rmtree(run_dir / "checkpoints")
-        before = _files(run_dir)
     printed: list[str] = []
-    assert resume_point(run_dir, resume, printed.append) == (None, None)
+    assert resume_point(run_dir, "never", printed.append) == (None, None)
     moved = list((run_dir / "previous").iterdir())
     assert len(moved) == 1
     assert _files(moved[0]) == before  # everything, unchanged, under previous/<time>/
-    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
-    assert printed == [f"{why}: starting fresh; the earlier run's "
-                       + ("checkpoints step_000002, step_000004; " if resume == "never" else "")
-                       + f"metrics.jsonl with steps 0..4 moved to {moved[0]}"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["previous"]
+    assert printed == [f"trainer.resume=never: starting fresh: the earlier checkpoints, metrics.jsonl, config.json "
+                       f"moved to {moved[0]}"]
+
+
+def test_auto_without_a_checkpoint_starts_the_run_again_and_keeps_its_record(tmp_path):
+    """auto into a run killed before its first checkpoint: the steps it logged move to previous/<time>/ (they are
+    played again), its config.json and config history stay where the resume reads them."""
+    import shutil
+
+    from openmanus_rl_core.resume import resume_point
+
+    run_dir = tmp_path / "run"
+    _earlier_run(run_dir)
+    shutil.rmtree(run_dir / "checkpoints")
+    (run_dir / "config_history.jsonl").write_text('{"step": 0, "changes": {}}\n')
+    before = _files(run_dir)
+    printed: list[str] = []
+    assert resume_point(run_dir, "auto", printed.append) == (None, None)
+    moved = list((run_dir / "previous").iterdir())
+    assert _files(moved[0]) == {"metrics.jsonl": before["metrics.jsonl"]}
+    assert {k: v for k, v in _files(run_dir).items() if not k.startswith("previous")} == {
+        k: before[k] for k in ("config.json", "config_history.jsonl")}
+    assert printed == [f"trainer.resume=auto: {run_dir} holds no checkpoint; the run starts again from its beginning "
+                       f"with its own settings (config.json)",
+                       f"starting again: the earlier metrics.jsonl moved to {moved[0]}"]
+
+
+def test_a_run_folder_without_its_record_is_refused(tmp_path, cli_env):
+    """A folder with a run's checkpoints but no config.json: nothing says what experiment it was, so neither auto
+    nor a checkpoint path resumes it under this version's defaults."""
+    run_dir = tmp_path / "run"
+    _earlier_run(run_dir)
+    (run_dir / "config.json").unlink()
+    before = _files(run_dir)
+    for resume in ("auto", str(run_dir / "checkpoints" / "step_000004")):
+        out = subprocess.run([*TRAIN, f"trainer.run_dir={run_dir}", f"trainer.resume={resume}"], env=cli_env,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+        assert out.stderr.splitlines() == [
+            f"error: trainer.resume={resume}: {run_dir} holds a run's checkpoints or metrics but no config.json, so "
+            f"its settings are unknown; give the run folder that holds config.json, or start a new run (another "
+            f"trainer.run_dir)"]
+    assert _files(run_dir) == before
 
 
 @pytest.mark.parametrize("value", ["true", "True"])

@@ -73,9 +73,8 @@ def test_a_change_the_checkpoint_cannot_continue_under_is_refused_in_one_line(tm
         assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
         key = "env.name" if override.startswith("env") else "model.tiny.hidden_size"
         assert out.stderr.strip().splitlines() == [
-            f"error: {key}={new}: the run in {run} was trained with {key}={old}, and its checkpoint cannot continue "
-            f"under another value; drop the override to continue the run, or start a new run (another "
-            f"trainer.run_dir)"]
+            f"error: {key}={new}: the run in {run} was started with {key}={old}, and it cannot continue under "
+            f"another value; drop the override to continue the run, or start a new run (another trainer.run_dir)"]
     assert (run / "config.json").read_bytes() == before
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from openmanus_rl_core.stopping import StopOnSignal
 from test_resume_config import SMALL
@@ -90,30 +91,84 @@ def test_the_second_signal_is_not_waited_for_and_the_first_only_asks(monkeypatch
     assert early.requested == signal.SIGTERM and exits == [143]
 
 
-def test_sigterm_in_the_warm_up_exits_promptly_without_a_checkpoint(tmp_path, cli_env):
-    run = tmp_path / "run"
-    log = tmp_path / "out.txt"
-    args = [CLI, "train", *SMALL, f"trainer.run_dir={run}", "warmup.steps=100000", "trainer.total_steps=5"]
+def _signal_when(args: list[str], printed: str, signum: int, log: Path, cli_env: dict) -> tuple[int, float, str]:
+    """``(exit status, seconds from the signal to the exit, output)`` of a command sent ``signum`` as soon as its
+    output holds ``printed``."""
     with open(log, "w") as out:
         proc = subprocess.Popen(args, env=cli_env, stdout=out, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + 480
-            while "warm-up step 1/" not in log.read_text():
+            while printed not in log.read_text():
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.2)
-            proc.send_signal(signal.SIGTERM)
+                time.sleep(0.05)
+            proc.send_signal(signum)
             t0 = time.monotonic()
             proc.wait(timeout=60)
             seconds = time.monotonic() - t0
         finally:
             if proc.poll() is None:
                 proc.kill()
-    text = log.read_text()
-    assert proc.returncode == 143, text[-3000:]
+    return proc.returncode, seconds, log.read_text()
+
+
+def _continue_command(text: str) -> list[str]:
+    """The command the stopped run printed to continue it, as arguments."""
+    line = next(line for line in text.splitlines() if line.startswith("stopped by "))
+    return line.split("continue with: ", 1)[1].split()
+
+
+# Not the defaults (env=key_door, 60 steps): the printed command must continue this run, not start the default one.
+OWN = [a for a in SMALL if a != "env=key_door"] + ["env=word_copy", "trainer.total_steps=1", "trainer.val_freq=0"]
+
+
+def test_sigterm_in_the_warm_up_then_the_printed_command_continues_the_same_run(tmp_path, cli_env):
+    run = tmp_path / "run"
+    status, seconds, text = _signal_when([CLI, "train", *OWN, f"trainer.run_dir={run}", "warmup.steps=300"],
+                                         "warm-up step 1/", signal.SIGTERM, tmp_path / "out.txt", cli_env)
+    assert status == 143, text[-3000:]
     assert seconds < 30, seconds
-    assert "stopped by SIGTERM after" in text and "no step completed" in text
-    assert "Traceback" not in text and "GCS" not in text
+    assert "no step completed" in text and "Traceback" not in text and "GCS" not in text
     assert not (run / "checkpoints").exists()
+    record = (run / "config.json").read_bytes()
+    command = _continue_command(text)
+    assert command == ["openmanus-rl", "train", f"trainer.run_dir={run}", "trainer.resume=auto"]
+    out = subprocess.run(command, env=cli_env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"trainer.resume=auto: {run} holds no checkpoint; the run starts again from its beginning" in out.stdout
+    assert "changed on resume" not in out.stdout and "built the tiny model" not in out.stdout  # the same folder
+    assert "warm-up 300 steps at lr" in out.stdout and "warm-up: 300 steps in" in out.stdout  # its own warm-up
+    assert (run / "config.json").read_bytes() == record and not (run / "config_history.jsonl").exists()
+    saved = torch_load_meta(run / "checkpoints" / "step_000001")
+    assert saved["config"]["env"]["name"] == "word_copy" and saved["config"]["warmup"]["steps"] == 300
+    assert saved["config"]["trainer"]["total_steps"] == 1
+
+
+def torch_load_meta(path: Path) -> dict:
+    from openmanus_rl_core.checkpoint import open_checkpoint
+
+    return open_checkpoint(str(path), keys=["meta"])[1]["meta"]
+
+
+@pytest.mark.parametrize("signum,printed", [(signal.SIGINT, "recipe model="),
+                                            (signal.SIGTERM, "built the tiny model")])
+def test_a_stop_while_the_model_or_the_workers_are_built_prints_how_to_continue(tmp_path, cli_env, signum, printed):
+    """Ctrl-C while the model folder is built (a corpus of 4000 oracle episodes), SIGTERM while Ray and the workers
+    start: the same one line and exit status as a stop in the step loop, no traceback, and the printed command
+    composes this run's own settings."""
+    run = tmp_path / "run"
+    args = [CLI, "train", *OWN, f"trainer.run_dir={run}", "env.train_tasks=4000", "model.corpus_tasks=4000"]
+    status, seconds, text = _signal_when(args, printed, signum, tmp_path / "out.txt", cli_env)
+    assert status == 128 + signum, text[-3000:]
+    assert seconds < 30, seconds
+    stopped = [line for line in text.splitlines() if line.startswith("stopped by ")]
+    assert stopped == [f"stopped by {signal.Signals(signum).name} after {stopped[0].split(' after ')[1]}"]
+    assert "no step completed; continue with: openmanus-rl train" in stopped[0]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    composed = subprocess.run([*_continue_command(text), "--cfg", "job"], env=cli_env, capture_output=True,
+                              text=True, timeout=120)
+    cfg = yaml.safe_load(composed.stdout)
+    assert cfg["env"]["name"] == "word_copy" and cfg["env"]["train_tasks"] == 4000
+    assert cfg["trainer"]["total_steps"] == 1
 
 
 def test_a_run_that_does_not_stop_within_the_grace_period_exits_then(monkeypatch):

@@ -337,6 +337,33 @@ def test_a_stream_resumed_at_a_later_version_admits_one_window_not_all_earlier_s
         actor.version = v + 1
 
 
+def test_the_first_batch_after_a_start_or_a_resume_is_marked():
+    """With eta > 0 a stream's first batch is the B groups that finished first of the (eta + 1) * B it admitted:
+    ``stream/first_batch`` is 1 for it, 0 after; a stream restored from a checkpoint marks its first batch again.
+    With eta = 0 the first batch is every admitted group, so nothing is marked."""
+    def marks(stream, actor, versions):
+        out = []
+        for v in versions:
+            metrics: dict = {}
+            stream.next_batch(v, metrics)
+            out.append(metrics["stream/first_batch"])
+            actor.advance(3)
+            actor.version = v + 1
+        return out
+
+    actor = SimActor(seed=4)
+    stream = GroupStream(actor, RolloutConfig(n=2, max_staleness=1), _tasks, 4)
+    assert marks(stream, actor, range(3)) == [1.0, 0.0, 0.0]
+    resumed_actor = SimActor(seed=5)
+    resumed_actor.version = 3
+    resumed = GroupStream(resumed_actor, RolloutConfig(n=2, max_staleness=1), _tasks, 4)
+    resumed.load_state_dict(stream.state_dict())
+    assert marks(resumed, resumed_actor, range(3, 5)) == [1.0, 0.0]
+    on_policy_actor = SimActor(seed=6)
+    on_policy = GroupStream(on_policy_actor, RolloutConfig(n=2, max_staleness=0), _tasks, 4)
+    assert marks(on_policy, on_policy_actor, range(2)) == [0.0, 0.0]
+
+
 @pytest.mark.parametrize("correction, engine_is_old", [("behaviour", True), ("off", False), ("tis", False)])
 def test_the_stream_default_takes_the_ppo_ratio_against_the_engine_log_probs(correction, engine_is_old):
     """algorithm.rollout_correction=behaviour (auto in the stream): old_log_probs are the engine's sampling

@@ -20,8 +20,10 @@ def evaluate(cfg: Any, overrides: Sequence[str] = ()) -> int:
     return 0
 
 
-def score(cfg: Any, overrides: Sequence[str] = ()) -> dict:
+def score(cfg: Any, overrides: Sequence[str] = (), rewards: Sequence[Any] = ()) -> dict:
     """``openmanus-rl eval trainer.checkpoint=<checkpoint or run dir>``: run the env's validation tasks.
+    ``rewards``: reward components given as Python callables; a run trained with some must be given them again
+    (:mod:`~openmanus_rl_core.python_rewards`).
 
     From a checkpoint, the env, template, reward, allocator and model are the run's own except where
     ``overrides`` (the command line) name them (:mod:`.from_run`). The policy (the checkpoint's weights on the run's
@@ -32,6 +34,7 @@ def score(cfg: Any, overrides: Sequence[str] = ()) -> dict:
     import torch
 
     from openmanus_rl_core.commands.from_run import adopt_run_config, load_policy
+    from openmanus_rl_core.python_rewards import take_again
     from openmanus_rl_core.data import load_tasks, require_tasks
     from openmanus_rl_core.engines import preflight
     from openmanus_rl_core.envs import open_env_service
@@ -42,6 +45,9 @@ def score(cfg: Any, overrides: Sequence[str] = ()) -> dict:
 
     quiet_transformers()
     c, ckpt = adopt_run_config(check(cfg, training=False), overrides, run_validation=True)
+    if ckpt is not None:
+        take_again(ckpt.python_rewards, rewards, c.reward.missing_callables, f"eval of {ckpt.path}",
+                   "score it from Python with omrl.evaluate([...], rewards={...}) giving them")
     seed_all(c.seed)
     preflight(c.rollout.engine, c.rollout.engine_kwargs)  # a served model's server answers before anything loads
     # An engine with needs_model=False (a served model) gets the run's tokenizer only, never weights.
@@ -73,7 +79,8 @@ def score(cfg: Any, overrides: Sequence[str] = ()) -> dict:
         episodes = loop.run(expand_tasks([dict(t, group_id=f"eval:{i}") for i, t in enumerate(tasks)], 1))
     finally:
         service.close()
-    composer = RewardComposer.from_config(c.reward.components)
+    configured = RewardComposer.from_config(c.reward.components, template=template)
+    composer = RewardComposer([*configured.specs, *rewards])
     breakdowns, rmetrics = composer.compose_batch([e.trajectory for e in episodes])
     result = {
         "tasks": len(episodes),

@@ -15,10 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from openmanus_rl_core.python_rewards import RECORD_KEY
 from openmanus_rl_core.schema import Config
 
 # The sections a run's checkpoint decides, in the order they are reported.
 FROM_RUN = ("env", "template", "reward", "allocator", "memory", "model")
+# Keys that say how the command treats the run's section, not what the section is: set on the command line, they go
+# on top of the run's section instead of replacing it.
+POLICY_KEYS = ("reward.missing_callables",)
 
 
 @dataclass
@@ -31,6 +35,7 @@ class RunCheckpoint:
     model_dir: str | None
     weights: dict
     val_source: str | None = None  # where the validation tasks come from, when they are the run's own
+    python_rewards: list = dataclasses.field(default_factory=list)  # the run's callable rewards, when its reward is
 
 
 def named_sections(overrides: Sequence[str]) -> set[str]:
@@ -53,12 +58,16 @@ def adopt_run_config(c: Config, overrides: Sequence[str], log: Callable[[str], N
     path, state = open_checkpoint(str(c.trainer.checkpoint), keys=["model", "meta"])
     meta = state.get("meta") or {}
     saved = meta.get("config") or {}
-    named = named_sections(overrides)
+    named = named_sections([o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in POLICY_KEYS])
     taken = [s for s in FROM_RUN if s not in named and s in saved]
     # Each taken section is rebuilt from the schema's defaults plus what the run saved (open mappings such as the
     # reward components start empty, so nothing of this command line's defaults is mixed in).
     sections = {s: OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(type(getattr(c, s))), saved[s]))
                 for s in taken}
+    for key in POLICY_KEYS:
+        section, name = key.split(".")
+        if section in sections:
+            sections[section] = dataclasses.replace(sections[section], **{name: getattr(getattr(c, section), name)})
     # Only rollout.max_turns itself on the command line overrides the run's (rollout.temperature=... does not).
     max_turns_named = any(o.split("=", 1)[0].lstrip("+~") in ("rollout", "rollout.max_turns") for o in overrides)
     if "env" in taken and not max_turns_named and "max_turns" in saved.get("rollout", {}):
@@ -69,7 +78,8 @@ def adopt_run_config(c: Config, overrides: Sequence[str], log: Callable[[str], N
         sections["data"], sections["trainer"], val_source = _run_validation(c, path, saved)
     c = check(dataclasses.replace(c, **sections), training=False)
     ckpt = RunCheckpoint(path=path, step=meta.get("step"), model_dir=meta.get("model_dir"), weights=state["model"],
-                         val_source=val_source)
+                         val_source=val_source,
+                         python_rewards=list(meta.get(RECORD_KEY) or []) if "reward" in taken else [])
     described = {"env": c.env.name, "template": c.template.name, "allocator": c.allocator.name,
                  "reward": "+".join(c.reward.components) or "none", "memory": c.memory.name,
                  "model": c.model.path or ckpt.model_dir or "the run's model folder"}

@@ -290,7 +290,7 @@ def _run(cfg: Any, ckpt: Any, out_dir: Path) -> int:
     torch.manual_seed(cfg.seed)
     env_factory = lambda: build("env", cfg.env)  # noqa: E731
     template = build("template", cfg.template)
-    composer = RewardComposer.from_config(cfg.reward.components) if cfg.reward.components else None
+    composer = RewardComposer.from_config(cfg.reward.components, template=template) if cfg.reward.components else None
     allocator = build("allocator", cfg.allocator)
 
     tasks = load_task_rows(cfg)

@@ -9,7 +9,6 @@ from typing import Any, Mapping, Sequence
 
 from openmanus_rl_core.checkpoint import list_checkpoints, step_of
 from openmanus_rl_core.resume_config import record_changes
-from openmanus_rl_core.rewards import RewardComposer
 from openmanus_rl_core.trainer import Trainer
 
 
@@ -35,8 +34,8 @@ def quiet_ray_auth_notice() -> None:
 
 def run(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None,
         rewards: Sequence[Any] = ()) -> tuple[int, dict, Trainer]:
-    """``(exit status, final metrics, trainer)`` of a training run; ``rewards``: extra reward components
-    (:class:`~openmanus_rl_core.rewards.ComponentSpec`) next to the configured ones."""
+    """``(exit status, final metrics, trainer)`` of a training run; ``rewards``: reward components given as Python
+    callables (:class:`~openmanus_rl_core.rewards.ComponentSpec`), next to the configured ones."""
     from openmanus_rl_core.config import ConfigError
     from openmanus_rl_core.registry import registry
 
@@ -45,27 +44,25 @@ def run(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None,
                           f"elsewhere: no weights to update, no log-probs); use it with `openmanus-rl rollout` or "
                           f"`eval`, and train with rollout.engine=hf or vllm")
     quiet_ray_auth_notice()
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, rewards=rewards)
+    trainer.stop.install()  # from the start: a stop while the model is built or the warm-up runs is a stop too
     try:
         trainer.setup()
-        if rewards:  # checked like configured ones: unique labels, finite weights
-            trainer.composer = RewardComposer([*trainer.composer.specs, *rewards])
-        if changes and trainer.resume_path is not None:
-            record_changes(trainer.run_dir, step_of(trainer.resume_path) + 1, changes)
+        if changes:  # a resume's changes take effect in the step after its checkpoint (from the start without one)
+            record_changes(trainer.run_dir, 0 if trainer.resume_path is None else step_of(trainer.resume_path) + 1,
+                           changes)
         final = trainer.fit()
     except KeyboardInterrupt:
-        if getattr(trainer, "stop", None) is None or not trainer.stop.requested:
+        if not trainer.stop.requested:
             raise
         final = {}  # a signal before the first step: nothing to save
     finally:
         trainer.shutdown()
+        trainer.stop.restore()
         trainer.stop.disarm()  # ended within the grace period: no forced exit later (an in-process caller goes on)
     elapsed = time.perf_counter() - trainer.t_start
     if trainer.stop.requested:  # SIGTERM / Ctrl-C: the steps done are in the newest checkpoint
-        ckpts = list_checkpoints(trainer.run_dir)
-        kept = f"steps up to {ckpts[-1][0]} are in {ckpts[-1][1]}" if ckpts else "no step completed"
-        print(f"stopped by {signal.Signals(trainer.stop.requested).name} after {elapsed:.0f}s; {kept}; continue "
-              f"with: openmanus-rl train trainer.run_dir={trainer.run_dir} trainer.resume=auto", flush=True)
+        print(stopped_line(trainer, elapsed), flush=True)
         return trainer.stop.exit_code, {}, trainer
     val_r, val_s = final.get("val/reward_mean"), final.get("val/success_rate")
     summary = f"done: {trainer.total_steps} steps in {elapsed:.0f}s"
@@ -74,3 +71,15 @@ def run(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None,
     print(summary, flush=True)
     print(f"run directory: {trainer.run_dir}", flush=True)
     return 0, final, trainer
+
+
+def stopped_line(trainer: Trainer, elapsed: float) -> str:
+    """The one line a stopped run ends with: the signal, what is kept, and the command that continues it."""
+    name = signal.Signals(trainer.stop.requested).name
+    run_dir = getattr(trainer, "run_dir", None)
+    if run_dir is None:  # before the run folder was made: nothing of the run exists yet
+        return f"stopped by {name} after {elapsed:.0f}s, before the run started; nothing to continue"
+    ckpts = list_checkpoints(run_dir)
+    kept = f"steps up to {ckpts[-1][0]} are in {ckpts[-1][1]}" if ckpts else "no step completed"
+    return (f"stopped by {name} after {elapsed:.0f}s; {kept}; continue with: openmanus-rl train "
+            f"trainer.run_dir={run_dir} trainer.resume=auto")

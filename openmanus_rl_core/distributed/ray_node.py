@@ -58,13 +58,25 @@ def start_ray(address: str | None, num_cpus: int, **init_kwargs: Any) -> None:
 
     Raises RuntimeError (after stopping it again) if the local node came up on a non-loopback address. Afterwards
     SIGTERM raises SystemExit in the driver (replacing the handler Ray's core installs, which aborts the process),
-    so a terminated run shuts Ray down like one that ends or fails.
+    so a terminated run shuts Ray down like one that ends or fails. A caller that had its own SIGTERM handler (a
+    training run's stop) gets it back, and gets a SIGTERM that came while Ray started (Ray's init exits on it).
     """
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    own = callable(before)
     try:
         _start(address, num_cpus, init_kwargs)
+    except SystemExit as exc:
+        if own and exc.code == signal.SIGTERM:  # Ray's init handler: the signal goes to the caller's handler
+            import ray
+
+            ray.shutdown()
+            signal.signal(signal.SIGTERM, before)
+            before(signal.SIGTERM, None)
+        raise
     finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        if main:
+            signal.signal(signal.SIGTERM, before if own else _exit_on_sigterm)
 
 
 def _start(address: str | None, num_cpus: int, init_kwargs: dict) -> None:

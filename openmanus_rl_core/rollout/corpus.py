@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from openmanus_rl_core.progress import Alive
 from openmanus_rl_core.rollout.env_pool import describe_error
 from openmanus_rl_core.rollout.tasks import start_task
 
 
 def tokenizer_corpus(env_factory: Callable[[], Any], template: Any, tasks: Sequence[Mapping[str, Any]],
-                     max_turns: int = 8) -> list[str]:
+                     max_turns: int = 8, progress: Alive | None = None) -> list[str]:
     """Texts for training the tiny default's tokenizer: what the model will read and write.
 
     For each task: the system prompt, the first observation, and, when the env has ``oracle_action`` (an
@@ -18,9 +19,12 @@ def tokenizer_corpus(env_factory: Callable[[], Any], template: Any, tasks: Seque
     episode fails is skipped (the corpus is best effort), but an env that cannot be built fails at once (its
     factory would fail for every task: a server that cannot start must not be started once per task), and so does
     a corpus where every task failed (:class:`~openmanus_rl_core.envs.EnvUnavailableError`, naming the first error).
+    The episodes skip a wrapper's simulated waits (:func:`~openmanus_rl_core.envs.undelayed`). ``progress`` is told
+    of each task done.
     """
-    from openmanus_rl_core.envs import EnvUnavailableError
+    from openmanus_rl_core.envs import EnvUnavailableError, undelayed
 
+    env_factory = undelayed(env_factory)
     texts: list[str] = []
     started, first_error = 0, None
     for task in tasks:
@@ -45,6 +49,8 @@ def tokenizer_corpus(env_factory: Callable[[], Any], template: Any, tasks: Seque
                 env.close()
             except Exception:  # noqa: BLE001
                 pass
+            if progress is not None:
+                progress.advance()
     if tasks and not started:
         raise EnvUnavailableError(f"no tokenizer corpus: every one of {len(tasks)} tasks failed to start; the first "
                                   f"error: {describe_error(first_error)}")

@@ -24,6 +24,10 @@ No trained sample is staler than η. ``rollout.stale_policy``:
   but long episodes are the ones dropped: compare ``stream/trained_turns`` with ``stream/generated_turns``.
 
 Either way a group is checked once more right before training, and one staler than η is dropped, never trained.
+
+With η > 0 the first batch after a start or resume is the B groups that finished first among the (η + 1)·B
+admitted, biased toward short episodes: it carries ``stream/first_batch`` = 1 (0 on every later batch), and the
+console's step line says so.
 """
 
 from __future__ import annotations
@@ -184,6 +188,7 @@ class GroupStream:
         self.ready: list[_Group] = []
         self.counter = 0
         self.started = False
+        self.batches = 0  # returned since this stream was built or restored: the first is marked stream/first_batch
 
     # ---------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -196,6 +201,7 @@ class GroupStream:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.queue = [dict(t) for t in state.get("queue", [])]
         self.counter = int(state.get("counter", 0))
+        self.batches = 0
 
     # ------------------------------------------------------------------------------------------------ step
     def next_batch(self, version: int, metrics: dict[str, float],
@@ -268,6 +274,7 @@ class GroupStream:
         episodes = [e for g in batch for e in g.episodes]
         metrics.update(self._metrics(batch, version, stats, filtered, dropped, generated_turns,
                                      wait_s=time.perf_counter() - t0))
+        self.batches += 1
         return episodes
 
     def close(self) -> None:
@@ -325,6 +332,8 @@ class GroupStream:
             "timing/stream_wait": wait_s,
             "timing/env_wait": float(stats.get("env_wait_s", 0.0)),
             "timing/generate": float(stats.get("gen_s", 0.0)),
+            # The first batch is the B groups of (η + 1)·B that finished first: the short, often easy episodes.
+            "stream/first_batch": float(self.batches == 0 and self.eta > 0),
         }
         for k in range(self.eta + 1):
             out[f"stream/staleness_share/{k}"] = sum(1 for s in stale if s == k) / len(stale) if stale else 0.0

@@ -8,6 +8,9 @@ wrong, with the offending input. Call them from your plugin's tests::
     def test_my_env_conforms():
         check_env(lambda: MyEnv(), task_ids=[0, 1])
 
+Each check takes the component or its class (built with no arguments; a class that needs some is refused by name,
+so pass an instance); ``check_env`` and ``check_oracle`` also take a factory.
+
 The kit feeds hostile text (empty, huge, unicode, control characters, markup) drawn from a seeded
 generator, so a failure reproduces.
 

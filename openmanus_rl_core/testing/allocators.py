@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 
-from .common import _fail
+from .common import _fail, _built
 
 
-def check_allocator(allocator: Callable[..., Sequence[float]], rewards: Sequence[float] = (1.0, -0.5, 0.0)) -> None:
-    """Check an allocator: right length, zero outside the agent segments, finite values."""
+def check_allocator(allocator: Callable[..., Sequence[float]] | type[Any],
+                    rewards: Sequence[float] = (1.0, -0.5, 0.0)) -> None:
+    """Check an allocator (a function or instance, or a class built with no arguments): right length, zero outside
+    the agent segments, finite values."""
+    allocator = _built(allocator, "check_allocator")
     cases = [
         ([(0, 4)], 4),
         ([(0, 3), (6, 9)], 12),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import random
+from typing import Any
 
 SMALL_RUN = [
     "env=key_door", "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
@@ -21,6 +23,22 @@ class ConformanceError(AssertionError):
 
 def _fail(what: str, detail: str) -> None:
     raise ConformanceError(f"{what}: {detail}")
+
+
+def _built(component: Any, check: str) -> Any:
+    """``component`` itself, or, when it is a class, an instance built with no arguments: every ``check_*`` takes
+    either. A class that needs arguments is refused by name (``check``: the calling check, for the message)."""
+    if not isinstance(component, type):
+        return component
+    name = component.__name__
+    try:
+        inspect.signature(component).bind()
+    except TypeError as exc:
+        raise TypeError(f"{check}({name}): {name} cannot be built with no arguments ({exc}); pass an instance "
+                        f"instead: {check}({name}(...))") from None
+    except ValueError:  # no signature to read (a C type): building it tells
+        pass
+    return component()
 
 
 _FIXED_HOSTILE = [

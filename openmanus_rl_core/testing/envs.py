@@ -8,7 +8,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 from openmanus_rl_core.protocols import ActionTemplate, Env, OracleEnv, StepResult, Trajectory
 
-from .common import _fail, hostile_texts
+from .common import _fail, _built, hostile_texts
+
+
+def _env(make_env: Any, check: str) -> Any:
+    """The env to check: ``make_env`` is a class (built with no arguments), an env, or a factory called once."""
+    if isinstance(make_env, (type, Env)) or not callable(make_env):
+        return _built(make_env, check)
+    return make_env()
 
 
 def _check_step_result(result: Any, where: str) -> StepResult:
@@ -28,7 +35,7 @@ def _check_step_result(result: Any, where: str) -> StepResult:
 
 
 def check_env(
-    make_env: Callable[[], Env],
+    make_env: type[Any] | Env | Callable[[], Env],
     task_ids: Sequence[int | None] = (0, 1),
     seed: int = 0,
     actions: Iterable[str] | None = None,
@@ -37,9 +44,10 @@ def check_env(
 ) -> None:
     """Check an env: reset returns text and is deterministic, step takes any text, close is idempotent.
 
-    ``actions`` are well-formed actions to try besides the hostile texts. ``max_steps`` bounds each episode.
+    ``make_env``: the env, its class (built with no arguments) or a factory. ``actions`` are well-formed actions
+    to try besides the hostile texts. ``max_steps`` bounds each episode.
     """
-    env = make_env()
+    env = _env(make_env, "check_env")
     try:
         if not isinstance(env, Env):
             _fail(type(env).__name__, "does not implement the Env protocol (reset, step, close)")
@@ -66,13 +74,14 @@ def check_env(
 
 
 def check_oracle(
-    make_env: Callable[[], OracleEnv],
+    make_env: type[Any] | OracleEnv | Callable[[], OracleEnv],
     task_ids: Sequence[int],
     seed: int = 0,
     max_steps: int = 50,
 ) -> None:
-    """Check that following ``oracle_action()`` succeeds (``info['success']``) on every task."""
-    env = make_env()
+    """Check that following ``oracle_action()`` succeeds (``info['success']``) on every task. ``make_env``: the env,
+    its class (built with no arguments) or a factory."""
+    env = _env(make_env, "check_oracle")
     try:
         if not hasattr(env, "oracle_action"):
             _fail(type(env).__name__, "has no oracle_action()")

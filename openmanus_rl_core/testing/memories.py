@@ -6,14 +6,16 @@ from typing import Any
 
 from openmanus_rl_core.protocols import Memory, PastTurn, Summary, SummaryRequest
 
-from .common import _fail, hostile_texts
+from .common import _fail, _built, hostile_texts
 
 
 def check_memory(memory: Any, turns: int = 12) -> None:
-    """Check a memory: ``per_turn`` is a bool; ``messages`` returns a chat (role/content str dicts) that opens with
-    the system prompt, shows the task, ends with a user message holding the current observation, is the same for
-    the same input and leaves the history untouched; hostile texts never make it raise. A memory with a model-written
-    summary (``summary_tokens`` > 0) is also checked by :func:`check_summary_members`."""
+    """Check a memory (an instance, or a class built with no arguments): ``per_turn`` is a bool; ``messages``
+    returns a chat (role/content str dicts) that opens with the system prompt, shows the task, ends with a user
+    message holding the current observation, is the same for the same input and leaves the history untouched;
+    hostile texts never make it raise. A memory with a model-written summary (``summary_tokens`` > 0) is also checked
+    by :func:`check_summary_members`."""
+    memory = _built(memory, "check_memory")
     if not isinstance(memory, Memory) or not isinstance(memory.per_turn, bool):
         _fail(type(memory).__name__, "does not implement Memory (a bool per_turn, messages(system, task, history))")
     hostile = hostile_texts(2 * turns, seed=1)

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
 
-from .common import _fail
+from .common import _fail, _built
 
 
 def sample_trajectories() -> list[Trajectory]:
@@ -32,7 +32,9 @@ def sample_trajectories() -> list[Trajectory]:
 
 
 def check_reward(component: Any, trajectories: Sequence[Trajectory] | None = None) -> None:
-    """Check a reward component: finite values on varied trajectories, ``compute_turns`` consistent."""
+    """Check a reward component (an instance, or a class built with no arguments): finite values on varied
+    trajectories, ``compute_turns`` consistent."""
+    component = _built(component, "check_reward")
     if not callable(getattr(component, "compute", None)):
         _fail(type(component).__name__, "has no compute(trajectory)")
     for i, traj in enumerate(trajectories or sample_trajectories()):

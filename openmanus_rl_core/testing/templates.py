@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from openmanus_rl_core.protocols import ActionTemplate, ParsedAction
 
-from .common import _fail, hostile_texts
+from .common import _fail, _built, hostile_texts
 
 
-def check_template(template: ActionTemplate, actions: Sequence[str] = ("look", "go north", "say apple")) -> None:
-    """Check a template: a system prompt, stop strings, ``parse`` never raises, ``render`` round-trips."""
+def check_template(template: ActionTemplate | type[Any],
+                   actions: Sequence[str] = ("look", "go north", "say apple")) -> None:
+    """Check a template (an instance, or a class built with no arguments): a system prompt, stop strings, ``parse``
+    never raises, ``render`` round-trips."""
+    template = _built(template, "check_template")
     if not isinstance(template, ActionTemplate):
         _fail(type(template).__name__, "does not implement ActionTemplate (stop, system_prompt, parse, render)")
     if not isinstance(template.stop, list) or not all(isinstance(s, str) and s for s in template.stop):

@@ -6,7 +6,8 @@ and measure how the rollout copes. Each ``step`` sleeps ``median_ms * exp(sigma 
 from a generator seeded by the call: ``seed``, the episode's start (``task_id`` and reset seed, or the start
 observation) and every action so far, this one included. So the same call waits the same time in every run and
 every rollout mode, and the samples of one task (a GRPO group starts them alike) wait independently once their
-actions differ, as calls to a real server do. ``reset`` does not wait.
+actions differ, as calls to a real server do. ``reset`` does not wait, and neither does work off the rollout path
+(the tokenizer corpus, the warm-up's oracle episodes): ``without_delays()`` gives it the inner env.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ class LatencyEnv:
         self.waited_s += wait
         self.last_wait_s = wait
         return self.env.step(action)
+
+    def without_delays(self) -> Any:
+        """The inner env: the same episodes without the waits (the tokenizer corpus and the warm-up's oracle
+        episodes play it; closing it closes this wrapper's env)."""
+        return self.env
 
     def close(self) -> None:
         self.env.close()

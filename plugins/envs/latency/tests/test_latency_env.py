@@ -73,3 +73,24 @@ def test_a_step_really_sleeps():
 def test_bad_settings_name_the_value(kwargs, words):
     with pytest.raises(Exception, match=words):
         registry("env").build("latency", **kwargs)
+
+
+def test_the_tokenizer_corpus_skips_the_simulated_waits_and_equals_the_inner_envs(tmp_path):
+    from openmanus_rl_core.config import load
+    from openmanus_rl_core.data import load_tasks
+    from openmanus_rl_core.registry import build
+    from openmanus_rl_core.task_generation import ensure_task_files
+    from openmanus_rl_core.warmup import build_corpus
+
+    # The corpus the trainer builds for `train env=latency env.kwargs.median_ms=300` (model_dir.py): every
+    # training task's oracle episode, each step 300 ms or more if played through the wrapper (~555 s in all).
+    cfg = load(["env=latency", "env.kwargs.median_ms=300"])
+    tasks = load_tasks(ensure_task_files(cfg, tmp_path)[0])[: cfg.model.corpus_tasks or None]
+    assert len(tasks) == cfg.env.train_tasks == 240
+    template = build("template", cfg.template)
+    t0 = time.perf_counter()
+    corpus = build_corpus(lambda: build("env", cfg.env), template, tasks, cfg.rollout.max_turns)
+    assert time.perf_counter() - t0 < 10.0
+    inner = lambda: registry("env").build(cfg.env.kwargs["inner"], **cfg.env.kwargs["inner_kwargs"])  # noqa: E731
+    assert corpus == build_corpus(inner, template, tasks, cfg.rollout.max_turns)
+    assert len(corpus) > 2 * len(tasks)  # the oracle's replies are in it, not only the prompts

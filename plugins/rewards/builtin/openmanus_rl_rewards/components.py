@@ -108,29 +108,53 @@ class LengthPenalty:
 
 
 # --------------------------------------------------------------------------------------------- format
+class _TemplatesOwn:
+    """The default of ``FormatReward(end_pattern=...)``: the run's template's own end pattern."""
+
+    def __repr__(self) -> str:
+        return "<the template's end_pattern>"
+
+
+TEMPLATES_OWN = _TemplatesOwn()
+DEFAULT_TEMPLATE_END = r"</action>\s*$"
+"""The default ``react`` template's end pattern: what a FormatReward built alone (no template handed over) asks."""
+
+
 class FormatReward:
     """Fraction of turns whose reply is well formed, in [0, 1] (0 with zero turns).
 
-    A turn counts when the template parsed it as a valid action (``turn.action.valid``) AND, if
-    ``require_end`` (default True) and ``end_pattern`` is not None, ``re.search(end_pattern,
-    turn.response)`` matches. The default ``end_pattern`` ``</action>\\s*$`` asks that the reply end
-    right after the closing action tag: text after the action (extra candidate actions, rambling) earns
-    nothing, so the reward cannot be gamed by spamming. The match is case-sensitive (``(?i)`` in the
-    pattern relaxes it). For other templates set the pattern to where their reply ends, stop string
-    included: ``</tool_call>\\s*$`` (``json_tool``), ``\\}\\s*$`` (bare JSON),
-    ``Action:[^\\n]*\\s*(Observation:)?\\s*$`` (``agentgym``, whose stop string is ``\\nObservation:``).
+    A turn counts when the template parsed it as a valid action (``turn.action.valid``) AND, if ``require_end``
+    (default True) and there is an end pattern, ``re.search(pattern, turn.response)`` matches. The pattern is
+    ``end_pattern`` when given, else the run's template's own
+    (:attr:`~openmanus_rl_core.protocols.ActionTemplate.end_pattern`, handed over by :meth:`use_template`): e.g.
+    ``react``'s ``</action>\\s*$`` asks that the reply end right after the closing action tag, so text after the
+    action (extra candidate actions, rambling) earns nothing and the reward cannot be gamed by spamming. A template
+    that sets no end pattern, ``end_pattern: null`` or ``require_end: false`` counts every valid reply. Built alone
+    (no template handed over), it asks the default template's ``</action>\\s*$``. The match is case-sensitive
+    (``(?i)`` in the pattern relaxes it).
 
     ``compute_turns`` gives ``1/T`` to each counted turn, so the ``per_turn`` allocator credits the
     well-formed replies themselves.
     """
 
-    def __init__(self, require_end: bool = True, end_pattern: str | None = r"</action>\s*$"):
+    def __init__(self, require_end: bool = True, end_pattern: str | None = TEMPLATES_OWN):
         self.require_end = bool(require_end)
-        self.end_pattern = end_pattern
+        self.from_template = end_pattern is TEMPLATES_OWN
+        self._set_end(DEFAULT_TEMPLATE_END if self.from_template else end_pattern, "format end_pattern")
+
+    def use_template(self, template: Any) -> None:
+        """Ask ``template``'s own ``end_pattern`` (None or absent: any valid reply counts), unless the config gave
+        ``end_pattern``."""
+        if self.from_template:
+            self._set_end(getattr(template, "end_pattern", None),
+                          f"the end_pattern of the template {type(template).__name__}")
+
+    def _set_end(self, pattern: str | None, source: str) -> None:
+        self.end_pattern = pattern
         try:
-            self._end = re.compile(end_pattern) if (self.require_end and end_pattern is not None) else None
+            self._end = re.compile(pattern) if (self.require_end and pattern is not None) else None
         except re.error as exc:
-            raise ValueError(f"format end_pattern {end_pattern!r} is not a valid regular expression: {exc}") from exc
+            raise ValueError(f"{source} {pattern!r} is not a valid regular expression: {exc}") from exc
 
     def well_formed(self, turn: Turn) -> bool:
         if not turn.action.valid:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,89 @@ def test_format_requires_reply_to_end_after_action():
 def test_format_bad_pattern():
     with pytest.raises(ValueError, match="end_pattern"):
         FormatReward(end_pattern="(")
+
+
+class OwnTemplate:
+    """A user's own template: ``DO: <action> END`` replies, generation stopped at ``END``."""
+
+    stop = [" END"]
+    end_pattern = r"DO: [^\n]+ END\s*$"
+
+    def system_prompt(self, instruction: str) -> str:
+        return f"{instruction}\nReply as DO: <action> END"
+
+    def parse(self, text: str) -> ParsedAction:
+        found = re.search(r"DO: (.+?) END", text)
+        return ParsedAction("action", found.group(1), True) if found else ParsedAction("invalid", text, False)
+
+    def render(self, action: str, thought: str = "") -> str:
+        return f"{thought} DO: {action} END".strip()
+
+
+class SilentTemplate(OwnTemplate):
+    """The same replies, from a template that does not say what a well-formed reply ends with."""
+
+    end_pattern = None
+
+
+def composer_with(template, **format_kwargs) -> RewardComposer:
+    """The shipped default reward (its format kwargs updated), composed as trainer_setup composes it."""
+    from openmanus_rl_core.config import load
+
+    components = load([]).reward.components
+    components["format"]["kwargs"].update(format_kwargs)
+    return RewardComposer.from_config(components, template=template)
+
+
+def format_of(composer: RewardComposer, template, *replies: str) -> float:
+    """The unweighted ``format`` value of one episode whose replies are ``replies``, parsed by ``template``."""
+    turns = [Turn(response=r, action=template.parse(r), observation="ok", reward=0.0, done=False, info={})
+             for r in replies]
+    return composer.compose(traj(turns)).raw["format"]
+
+
+def test_default_reward_leaves_the_format_end_pattern_to_the_template():
+    cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "default.yaml"))
+    assert "end_pattern" not in cfg["components"]["format"]["kwargs"]
+
+
+def test_format_scores_a_users_own_template_by_its_end_pattern():
+    own = OwnTemplate()
+    composer = composer_with(own)
+    assert format_of(composer, own, "DO: open box END", "so DO: go north END\n") == 1.0
+    # Valid, but the reply runs on after the action: not well formed by the template's own pattern.
+    assert format_of(composer, own, "DO: open box END", "DO: go north END and DO: south") == 0.5
+    assert format_of(composer, own, "no action here") == 0.0
+
+
+def test_format_with_a_template_that_says_nothing_counts_valid_actions():
+    silent = SilentTemplate()
+    assert format_of(composer_with(silent), silent, "DO: go north END and DO: south", "nothing") == 0.5
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("react", {}), ("react", {"action_tag": "act", "think": False}), ("json_tool", {}), ("json_tool", {"tags": False}),
+    ("agentgym", {}), ("agentgym", {"action_on_new_line": True}), ("agentgym", {"multiline": True}),
+])
+def test_format_scores_each_builtin_templates_own_replies_1(name, kwargs):
+    template = registry("template").build(name, **kwargs)
+    composer = composer_with(template)
+    replies = [template.render("open box"), template.render("go north", thought="the door is shut")]
+    # As the engine returns a reply: generation stopped at a stop string, which it keeps.
+    replies += [r + template.stop[0] for r in replies if template.stop and not r.endswith(template.stop[0])]
+    assert format_of(composer, template, *replies) == 1.0
+    run_on = template.render("open box") + "\nand maybe go north, or south"
+    assert format_of(composer, template, run_on) == (1.0 if kwargs.get("multiline") else 0.0)
+
+
+def test_format_explicit_end_pattern_wins_over_the_template():
+    react = registry("template").build("react")
+    braces = composer_with(react, end_pattern=r"\}\s*$")
+    assert format_of(braces, react, "<action>go</action>", "<action>go</action> {}") == 0.5
+    run_on = "<action>go</action> and <action>north</action> maybe"
+    assert format_of(composer_with(react, end_pattern=None), react, run_on) == 1.0
+    assert format_of(composer_with(react, require_end=False), react, run_on) == 1.0
+    assert format_of(composer_with(react), react, run_on) == 0.0
 
 
 # ------------------------------------------------------------------------------------ invalid_action

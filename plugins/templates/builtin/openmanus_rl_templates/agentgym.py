@@ -37,6 +37,9 @@ class AgentGymTemplate:
       ``stop`` (``["\\nObservation:"]``): stop strings, so a model that goes on to invent the env's
       answer is cut off.
       ``system`` (None): a system prompt replacing the default; ``{instruction}`` is filled in.
+
+    ``end_pattern``: a well-formed reply ends with its action line, then at most a stop string
+    (``Action: x\\nObservation:``); None with ``multiline``.
     """
 
     def __init__(self, action_on_new_line: bool = False, multiline: bool = False, strip: bool = True,
@@ -48,6 +51,11 @@ class AgentGymTemplate:
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop={stop!r} must be a list of non-empty strings")
         self.system = system
+        # A well-formed reply ends with its action line (the action on the next line after a bare "Action:"),
+        # then at most a stop string; a multiline action may end anywhere.
+        stops = "|".join(re.escape(s) for s in self.stop)
+        self.end_pattern = None if self.multiline else (
+            r"(?i:action)[ \t]*:(?:\s*\n)?[^\n]*" + (f"(?:{stops})?" if stops else "") + r"\s*$")
 
     def system_prompt(self, instruction: str) -> str:
         sep = "\n" if self.action_on_new_line else " "

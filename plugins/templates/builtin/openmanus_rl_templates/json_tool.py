@@ -36,6 +36,8 @@ class JsonToolTemplate:
       ``["</tool_call>"]``; with False the call is bare JSON and there is no stop string.
       ``strip`` (False): strip whitespace around the action (JSON strings say exactly what they mean).
       ``system`` (None): a system prompt replacing the default; ``{instruction}`` is filled in.
+
+    ``end_pattern``: a well-formed reply ends with the call, ``</tool_call>\\s*$`` (with ``tags``) or ``\\}\\s*$``.
     """
 
     def __init__(self, tool_name: str = "act", arg_name: str = "action", tags: bool = True,
@@ -48,6 +50,7 @@ class JsonToolTemplate:
         self.strip = bool(strip)
         self.system = system
         self.stop = ["</tool_call>"] if self.tags else []
+        self.end_pattern = r"</tool_call>\s*$" if self.tags else r"\}\s*$"  # nothing after the call
 
     def system_prompt(self, instruction: str) -> str:
         return system_prompt(instruction, "Act with a tool call: " + self.render("..."), self.system)

@@ -27,6 +27,8 @@ class ReactTemplate:
       ``action_tag`` / ``think_tag`` ("action" / "think"): the tag names.
       ``strip`` (True): strip whitespace around the action.
       ``system`` (None): a system prompt replacing the default; ``{instruction}`` is filled in.
+
+    ``end_pattern`` ``</action>\\s*$`` (the action tag's name): a well-formed reply ends right after its action.
     """
 
     def __init__(self, think: bool = True, action_tag: str = "action", think_tag: str = "think",
@@ -41,6 +43,7 @@ class ReactTemplate:
         self.strip = bool(strip)
         self.system = system
         self.stop = [f"</{action_tag}>"]
+        self.end_pattern = re.escape(f"</{action_tag}>") + r"\s*$"  # a reply ends at its closing action tag
         self._open = re.compile(re.escape(f"<{action_tag}>"), re.IGNORECASE)
         self._close = re.compile(re.escape(f"</{action_tag}>"), re.IGNORECASE)
         self._think_open = re.compile(re.escape(f"<{think_tag}>"), re.IGNORECASE)
