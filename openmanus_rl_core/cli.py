@@ -5,6 +5,7 @@
     openmanus-rl rollout [--cfg job] [key=value ...]
     openmanus-rl eval    [--cfg job] [key=value ...]
     openmanus-rl export  trainer.checkpoint=<step dir or run dir> export.dir=<dir>   # a Hugging Face folder
+    openmanus-rl serve   trainer.checkpoint=<step dir or run dir> | model.path=<dir>   # an OpenAI-compatible endpoint
     openmanus-rl data make [--cfg job] [key=value ...]
     openmanus-rl config-doc                                # docs/configuration.md, from the schema
     openmanus-rl data verify env=<name> data.val_files=<file>   # replay each row's demonstration through the env
@@ -36,11 +37,12 @@ JOBS = {
     "rollout": "openmanus_rl_core.commands.rollout:rollout",
     "eval": "openmanus_rl_core.commands.eval:evaluate",
     "export": "openmanus_rl_core.commands.export:export",
+    "serve": "openmanus_rl_core.commands.serve:serve",
     "data make": "openmanus_rl_core.commands.data:make",
     "data verify": "openmanus_rl_core.commands.data:verify",
     "data from-rollouts": "openmanus_rl_core.commands.data:from_rollouts",
 }
-FROM_RUN_COMMANDS = ("eval", "rollout", "export")
+FROM_RUN_COMMANDS = ("eval", "rollout", "export", "serve")
 # Commands that train: their config is checked for training, and a resumed run continues its own settings with the
 # command line's changes on top.
 TRAINING_COMMANDS = ("train",)
@@ -76,6 +78,11 @@ HELP = {
                    ("openmanus-rl export trainer.checkpoint=outputs/2026-01-01/12-00-00-key_door export.dir=exported/",
                     "openmanus-rl export trainer.checkpoint=run/checkpoints/step_000060 export.dir=hf/ "
                     "export.overwrite=true")),
+    "serve": Help("Serve a checkpoint (or model.path) at an OpenAI-compatible endpoint on 127.0.0.1, for trying an "
+                  "agent by hand; prints the OPENAI_BASE_URL, OPENAI_API_KEY and OMRL_MODEL to use.",
+                  ("trainer.checkpoint", "model.path", "serve.port", "serve.api_key", "agent.model_name"),
+                  ("openmanus-rl serve trainer.checkpoint=outputs/2026-01-01/12-00-00-key_door",
+                   "openmanus-rl serve model.path=exported/ serve.port=8001 serve.api_key=secret")),
     "data make": Help("Generate an env's task split as train.parquet and val.parquet in data.dir.",
                       ("env", "env.train_tasks", "env.val_tasks", "data.dir", "seed"),
                       ("openmanus-rl data make env=key_door",
@@ -212,6 +219,10 @@ def prepare(command: str, overrides: Sequence[str], rewards: Sequence = ()):
     typed = check(cfg, training=command in TRAINING_COMMANDS)
     if command in TRAINING_COMMANDS:
         changes = {**changes, **callable_changes(typed, rewards)}
+        if typed.agent.command or typed.agent.function:  # a missing program is one line, before anything starts
+            from openmanus_rl_core.gateway.agents import check_agent
+
+            check_agent(typed.agent)
     check_model(typed.model)  # a model or tokenizer that cannot work stops here, before Ray
     # eval, rollout and export take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
     kwargs: dict = {"overrides": list(overrides)} if command in FROM_RUN_COMMANDS else {}

@@ -80,6 +80,17 @@ def _rule_overlap_update(c: Config) -> str | None:
     return None if why is None else f"rollout.overlap_update=true does not work with {why}"
 
 
+def _rule_agent(c: Config) -> str | None:
+    """Your own agent runs whole episodes behind the gateway: it has no turn-by-turn stream yet, and one source."""
+    g = c.agent
+    if g.command and g.function:
+        return (f"agent.command={g.command!r} and agent.function={g.function!r}: set one of them")
+    if (g.command or g.function) and c.rollout.max_staleness is not None:
+        return (f"rollout.max_staleness={c.rollout.max_staleness}: an agent behind the gateway "
+                f"(agent.{'command' if g.command else 'function'}) runs in lockstep only; leave it null")
+    return None
+
+
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
 RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_correction,
-         _rule_replicate_precision, _rule_overlap_update)
+         _rule_replicate_precision, _rule_overlap_update, _rule_agent)

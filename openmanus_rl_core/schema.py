@@ -36,7 +36,7 @@ def opt(default: Any, help: str, *, ge: float | None = None, gt: float | None = 
 
 # The commands that read a command-specific key (a field's ``commands``).
 ROLLOUT = ("rollout",)
-FROM_CHECKPOINT = ("eval", "export", "rollout")
+FROM_CHECKPOINT = ("eval", "export", "rollout", "serve")
 
 
 # -------------------------------------------------------------------------------------------- plugin choices
@@ -85,6 +85,20 @@ class RewardConfig:
     missing_callables: str = opt("refuse", "a resume or eval of a run that had rewards given as Python callables, "
                                            "without them given again: refuse (one line naming them) | drop (go "
                                            "on without them)", choices=("refuse", "drop"), commands=("train", "eval"))
+
+
+@dataclass
+class AgentConfig:
+    """Your own agent, run once per episode against the gateway (docs/gateway.md): the policy served at an
+    OpenAI-compatible endpoint that records every token. Off while neither ``command`` nor ``function`` is set."""
+
+    command: Optional[str] = opt(None, "a program run once per episode (shell words); it gets OPENAI_BASE_URL, "
+                                       "OPENAI_API_KEY, OMRL_MODEL and OMRL_TASK in its environment")
+    function: Optional[str] = opt(None, "pkg.mod:fn, an async fn(client, task) -> reward | None run once per "
+                                        "episode (client: openai.AsyncOpenAI on the gateway)")
+    max_concurrent: int = opt(64, "agents running at once, per actor worker", ge=1)
+    timeout_s: float = opt(300.0, "an agent still running after this is killed; its episode is dropped", gt=0)
+    model_name: str = opt("omrl-policy", "the policy's name at /v1/models (the agent gets it as OMRL_MODEL)")
 
 
 # -------------------------------------------------------------------------------------------------- algorithm
@@ -418,6 +432,16 @@ class ExportConfig:
 
 
 @dataclass
+class ServeConfig:
+    """`openmanus-rl serve`: the gateway alone, in front of a checkpoint or a model folder."""
+
+    host: str = opt("127.0.0.1", "the address to listen on (loopback: this machine only)", commands=("serve",))
+    port: int = opt(8000, "the port to listen on (0: a free one)", ge=0, commands=("serve",))
+    api_key: Optional[str] = opt(None, "the key clients must send (null: a new one, printed at start)",
+                                 commands=("serve",))
+
+
+@dataclass
 class Config:
     """The whole composed configuration (``openmanus-rl <command> --cfg job`` prints it)."""
 
@@ -427,6 +451,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     allocator: NamedComponentConfig = field(default_factory=NamedComponentConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -436,3 +461,4 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)

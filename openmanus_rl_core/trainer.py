@@ -485,13 +485,14 @@ class Trainer:
             self.pm.hook.openmanus_rl_run_end(run_dir=str(self.run_dir), metrics=dict(last))
 
     def shutdown(self) -> None:
-        import ray
-
         for g in (self.actor, self.critic):
             if g is not None:
                 g.kill()
-        if self.ray_started and ray.is_initialized():
-            ray.shutdown()
+        if self.ray_started:  # imported only then: a stop in the middle of `import ray` leaves it half imported
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
         if self.env_service is not None:  # after the workers: no env call is left in flight
             self.env_service.close()
         heap.unfreeze()  # frozen at the end of set-up

@@ -18,7 +18,8 @@ def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None)
     ``rollout/tokens_per_s`` over generated tokens) when the elapsed time is known (``elapsed_s`` or the
     ``rollout_time_s`` the loop stores in each trajectory's info). With a model-written memory summary
     (rollout/summaries.py): ``rollout/summary_tokens/{mean,max}`` over the summaries written,
-    ``rollout/summary_writes``, ``rollout/summary_fallbacks`` and ``rollout/summary_cut`` (counts).
+    ``rollout/summary_writes``, ``rollout/summary_fallbacks`` and ``rollout/summary_cut`` (counts). With an agent
+    behind the gateway: ``gateway/continuous_episodes`` and ``gateway/per_call_episodes`` (counts).
     """
     n = len(episodes)
     if n == 0:
@@ -42,6 +43,10 @@ def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None)
         out[f"rollout/termination/{reason}"] = float(counts.get(reason, 0))
     for reason, c in counts.items():
         out[f"rollout/termination/{reason}"] = float(c)
+    joined = Counter(t.info["gateway"] for t in trajs if "gateway" in t.info)
+    if joined:  # an agent behind the gateway: how many episodes stayed one sample (gateway/episodes.py)
+        out["gateway/continuous_episodes"] = float(joined.get("continuous", 0))
+        out["gateway/per_call_episodes"] = float(joined.get("per_call", 0))
     written = [n for t in trajs for n in t.info.get("summary_tokens", ())]
     if written:
         out["rollout/summary_writes"] = float(len(written))

@@ -117,7 +117,10 @@ class ActorWorker(Worker):
 
         template, env_factory = self._agent_parts()
         rcfg = dataclasses.replace(self.cfg.rollout, **dict(overrides or {}))
-        loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, rcfg, memory=self._memory)
+        if self.cfg.agent.command or self.cfg.agent.function:  # your own agent, behind the gateway
+            loop = self._agent_rollout(template).sampling(rcfg)
+        else:
+            loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, rcfg, memory=self._memory)
         loop.abandon = cancelled_call()  # the driver cancels this call when the run stops (stopping.py)
         rng = capture_worker_rng(self._generators())
         with self.engine_lock:  # a running stream's generation waits (validation, eval)
@@ -134,6 +137,15 @@ class ActorWorker(Worker):
                 # push (never while a stream generates with it).
                 if self.cfg.rollout.sleep_after_rollout and hasattr(self.engine, "sleep") and self.stream is None:
                     self.engine.sleep()
+
+    def _agent_rollout(self, template: Any):
+        """The gateway over this rank's engine and the agents' runner (gateway/rollout.py), started once."""
+        if getattr(self, "_agents", None) is None:
+            from openmanus_rl_core.gateway.rollout import AgentRollout
+
+            self._agents = AgentRollout(self.engine, self.tokenizer, template, self.cfg.agent,
+                                        lambda: self.policy_version)
+        return self._agents
 
     # ------------------------------------------------------------------------------------------ the stream
     def stream_start(self) -> None:

@@ -1,0 +1,155 @@
+"""Benchmark: an agent of one's own through the gateway against the built-in agent loop.
+
+    python bench/gateway.py parity [--seeds 0,1,2] [--agent function|command] [hydra overrides ...]
+    python bench/gateway.py throughput [--episodes 64] [--repeats 3]
+
+``parity``: for each seed, ``openmanus-rl train`` (the embedded default: key_door, the same warm-up, 60 GRPO steps)
+twice, each in a fresh process: with the built-in loop, and with ``examples/key_door_agent.py`` behind the gateway
+(``agent.function=examples.key_door_agent:play``, or ``--agent command``: a process per episode). Validation is on
+the same 60 tasks, greedy. The table gives the final validation success of each and the difference.
+
+``throughput``: the same engine (the tiny model after a short warm-up, exported) and the same env, ``--episodes``
+key_door episodes at once, no training: the built-in loop's samples/s against the gateway's with the function agent
+(``agent.max_concurrent`` = all of them). Each side runs in a fresh process, ``--repeats`` times; the median and the
+load average are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIET = ["trainer.progress=false", "trainer.save_at_end=false", "trainer.save_freq=0"]
+AGENTS = {"function": "agent.function=examples.key_door_agent:play",
+          "command": f"agent.command={sys.executable} {ROOT / 'examples' / 'key_door_agent.py'}"}
+
+
+def train(overrides: list[str], run_dir: Path) -> tuple[dict, float]:
+    cmd = [sys.executable, "-m", "openmanus_rl_core.cli", "train", *QUIET, *overrides, f"trainer.run_dir={run_dir}"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # the function agent imports examples.key_door_agent
+    print(f"  load {os.getloadavg()[0]:.1f}: {' '.join(cmd[3:])}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    print(f"  load {os.getloadavg()[0]:.1f}: done in {wall:.0f}s", flush=True)
+    return rows[-1], wall
+
+
+def parity(seeds: list[int], agent: str, extra: list[str]) -> None:
+    out = []
+    with tempfile.TemporaryDirectory(prefix="omrl-gateway-") as tmp:
+        for seed in seeds:
+            loop, loop_s = train([f"seed={seed}", *extra], Path(tmp) / f"loop_{seed}")
+            gw, gw_s = train([f"seed={seed}", AGENTS[agent], *extra], Path(tmp) / f"gateway_{seed}")
+            out.append((seed, loop, loop_s, gw, gw_s))
+    print(f"\nparity ({agent} agent), load average {os.getloadavg()[0]:.1f}")
+    print("| seed | built-in loop: val success | gateway: val success | difference | wall time (loop, gateway) |")
+    print("|---|---|---|---|---|")
+    for seed, loop, loop_s, gw, gw_s in out:
+        a, b = loop["val/success_rate"], gw["val/success_rate"]
+        print(f"| {seed} | {a:.3f} [{loop['val/success_ci_low']:.2f}, {loop['val/success_ci_high']:.2f}] | "
+              f"{b:.3f} [{gw['val/success_ci_low']:.2f}, {gw['val/success_ci_high']:.2f}] | {b - a:+.3f} | "
+              f"{loop_s:.0f}s, {gw_s:.0f}s |")
+    a = statistics.mean(r[1]["val/success_rate"] for r in out)
+    b = statistics.mean(r[3]["val/success_rate"] for r in out)
+    print(f"| mean | {a:.3f} | {b:.3f} | {b - a:+.3f} | |")
+
+
+def _engine_and_env(model_dir: str):
+    from transformers import AutoModelForCausalLM
+
+    from openmanus_rl_core.engines.hf import HFEngine
+    from openmanus_rl_core.models import load_tokenizer
+
+    tok = load_tokenizer(model_dir, None)
+    return HFEngine(AutoModelForCausalLM.from_pretrained(model_dir), tok, seed=0), tok
+
+
+def one_side(side: str, model_dir: str, episodes: int) -> float:
+    """Samples/s of one side, in this process."""
+    import types
+
+    import torch
+
+    from openmanus_rl_core.gateway.rollout import AgentRollout
+    from openmanus_rl_core.registry import build
+    from openmanus_rl_core.rollout import AgentLoop
+    from openmanus_rl_core.schema import RolloutConfig
+
+    torch.set_num_threads(1)
+    engine, tok = _engine_and_env(model_dir)
+    template = build("template", {"name": "react", "kwargs": {}})
+    tasks = [{"task_id": i % 240, "seed": 0, "group_id": f"g{i // 8}"} for i in range(episodes)]
+    rcfg = RolloutConfig(max_turns=4, max_new_tokens=64)
+    if side == "loop":
+        runner = AgentLoop(engine, tok, template, lambda: build("env", {"name": "key_door", "kwargs": {}}), rcfg)
+    else:
+        agent = types.SimpleNamespace(command=None, function="examples.key_door_agent:play",
+                                      max_concurrent=episodes, timeout_s=300.0, model_name="omrl-policy")
+        runner = AgentRollout(engine, tok, template, agent, lambda: 0).sampling(rcfg)
+    t0 = time.perf_counter()
+    eps = runner.run(tasks)
+    seconds = time.perf_counter() - t0
+    assert len(eps) == episodes and all(e.trajectory.termination != "env_error" for e in eps)
+    return episodes / seconds
+
+
+def throughput(episodes: int, repeats: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="omrl-gateway-") as tmp:
+        run = Path(tmp) / "warm"
+        subprocess.run([sys.executable, "-m", "openmanus_rl_core.cli", "train", *QUIET, "trainer.total_steps=0",
+                        "trainer.save_at_end=true", "trainer.val_before_train=false", f"trainer.run_dir={run}"],
+                       check=True, capture_output=True, cwd=ROOT)
+        model = Path(tmp) / "model"
+        subprocess.run([sys.executable, "-m", "openmanus_rl_core.cli", "export", f"trainer.checkpoint={run}",
+                        f"export.dir={model}"], check=True, capture_output=True, cwd=ROOT)
+        rates: dict[str, list[float]] = {"loop": [], "gateway": []}
+        for _ in range(repeats):
+            for side in rates:
+                env = dict(os.environ, PYTHONPATH=str(ROOT))
+                out = subprocess.run([sys.executable, __file__, "one-side", side, str(model), str(episodes)],
+                                     check=True, capture_output=True, text=True, env=env, cwd=ROOT)
+                rates[side].append(float(out.stdout.strip().splitlines()[-1]))
+                print(f"  {side}: {rates[side][-1]:.1f} samples/s (load {os.getloadavg()[0]:.1f})", flush=True)
+    loop, gw = statistics.median(rates["loop"]), statistics.median(rates["gateway"])
+    print(f"\n{episodes} key_door episodes at once, median of {repeats}, load average {os.getloadavg()[0]:.1f}")
+    print("| side | samples/s (median) | runs |")
+    print("|---|---|---|")
+    print(f"| built-in loop | {loop:.1f} | {', '.join(f'{r:.1f}' for r in rates['loop'])} |")
+    print(f"| gateway, function agent | {gw:.1f} | {', '.join(f'{r:.1f}' for r in rates['gateway'])} |")
+    print(f"| gateway / loop | {gw / loop:.2f} | |")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["one-side"]:
+        print(one_side(sys.argv[2], sys.argv[3], int(sys.argv[4])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("parity")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--agent", default="function", choices=sorted(AGENTS))
+    p.add_argument("overrides", nargs="*")
+    t = sub.add_parser("throughput")
+    t.add_argument("--episodes", type=int, default=64)
+    t.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    if args.what == "parity":
+        parity([int(s) for s in args.seeds.split(",")], args.agent, args.overrides)
+    else:
+        throughput(args.episodes, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

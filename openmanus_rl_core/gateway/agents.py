@@ -1,0 +1,291 @@
+"""Running the user's agent once per episode against the gateway (``agent.command`` or ``agent.function``).
+
+:func:`run_agents` runs one agent per :class:`AgentJob`, up to ``agent.max_concurrent`` at once, and returns one
+:class:`AgentOutcome` per job, in job order. It is synchronous: all agents run in one fresh event loop.
+
+- ``agent.command``: the program (shell words, split with :func:`shlex.split`, not run by a shell) runs with this
+  process's environment plus ``OPENAI_BASE_URL`` (the gateway, ending in ``/v1``), ``OPENAI_API_KEY`` (the
+  episode's key), ``OMRL_MODEL`` (the policy's name) and ``OMRL_TASK`` (the task row as JSON). Its stdout is
+  dropped; the last :data:`STDERR_TAIL_CHARS` characters of its stderr are kept for the log. Each agent runs in its
+  own process group under :mod:`openmanus_rl_core.guard`, so a timeout or an abandon kills the agent and every
+  process it started (SIGTERM, then SIGKILL after :data:`KILL_GRACE_S`), and a launcher killed with SIGKILL takes
+  its agents with it. A non-zero exit is the error ``exited N: <stderr tail>``.
+- ``agent.function``: ``pkg.mod:fn``, an ``async def fn(client, task)`` returning the episode's reward (a real
+  number) or None; ``client`` is an ``openai.AsyncOpenAI`` on the gateway with the episode's key. A function that
+  declares a ``model`` parameter is also given the policy's name as ``model=``. A raised exception is the error
+  ``raised <Type>: <message>``; a timeout cancels the coroutine (a function that blocks the event loop cannot be
+  interrupted: it must await).
+
+An agent running longer than ``agent.timeout_s`` is stopped with the error ``timed out after <t>s (killed)``
+(``(cancelled)`` for a function). When ``abandon()`` (polled every :data:`ABANDON_POLL_S`) returns True, every
+running agent is stopped and each unfinished job's error is ``abandoned``. Every error but ``abandoned`` is also one
+``log`` line naming the task. When :func:`run_agents` returns or raises, no agent process is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import math
+import numbers
+import os
+import shlex
+import shutil
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Sequence
+
+from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.guard import guarded
+
+KILL_GRACE_S = 2.0  # seconds between SIGTERM to an agent's process group and SIGKILL
+STDERR_TAIL_CHARS = 2000
+ABANDON_POLL_S = 0.2
+_GUARD_POLL_S = 0.5  # how soon an agent notices that the process running run_agents was killed
+
+
+@dataclass
+class AgentJob:
+    """One episode: ``key`` is its API key (it names the episode at the gateway), ``task`` the task row (JSON-able)
+    given to the agent."""
+
+    key: str
+    task: dict
+
+
+@dataclass
+class AgentOutcome:
+    """How one agent ended. ``reward``: the function's return value (None when it returned None, for a command, or
+    on an error); ``error``: None when the agent ended normally, else one line (``timed out after 30s (killed)``,
+    ``exited 3: <stderr tail>``, ``raised ValueError: ...``, ``abandoned``); ``seconds``: its running time."""
+
+    key: str
+    reward: float | None
+    error: str | None
+    seconds: float
+
+
+class _AgentFailed(Exception):
+    """An agent that ended badly: ``error`` is its outcome's error, ``detail`` what the log line adds."""
+
+    def __init__(self, error: str, detail: str = ""):
+        super().__init__(error)
+        self.error, self.detail = error, detail
+
+
+def _one_line(text: str) -> str:
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+# ------------------------------------------------------------------------------------------------------ checks
+def check_agent(cfg: Any) -> None:
+    """Refuse a bad ``agent`` section before anything starts: exactly one of ``command`` and ``function`` set, the
+    command's program found, the function importable and async. Raises :class:`ConfigError` in one line naming
+    the bad value."""
+    if bool(cfg.command) == bool(cfg.function):
+        state = "neither is set" if not cfg.command else f"both are set ({cfg.command!r}, {cfg.function!r})"
+        raise ConfigError(f"agent: set exactly one of agent.command (a program run once per episode) and "
+                          f"agent.function (pkg.mod:fn, an async fn(client, task)); {state}")
+    if cfg.command:
+        _command_argv(cfg.command)
+    else:
+        _load_function(cfg.function)
+
+
+def _command_argv(command: str) -> list[str]:
+    where = f"agent.command={command!r}"
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: cannot be split into shell words: {exc}") from None
+    if not argv:
+        raise ConfigError(f"{where}: names no program; give the program to run once per episode")
+    program = argv[0]
+    if os.sep not in program:
+        if shutil.which(program) is None:
+            raise ConfigError(f"{where}: the program {program!r} is not found on PATH; install it or give its path")
+    elif not os.path.isfile(program):
+        raise ConfigError(f"{where}: the program {program!r} is not found (relative paths start at {os.getcwd()})")
+    elif not os.access(program, os.X_OK):
+        raise ConfigError(f"{where}: the program {program!r} is not executable; chmod +x it, or run it through its "
+                          f"interpreter (agent.command=\"python {command}\")")
+    return argv
+
+
+def _load_function(spec: str) -> Callable[..., Awaitable[Any]]:
+    where = f"agent.function={spec!r}"
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ConfigError(f"{where}: expected pkg.mod:fn, an async fn(client, task) -> reward | None")
+    try:
+        fn: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # an import may fail in any way, sys.exit() included
+        raise ConfigError(f"{where}: cannot be imported: {type(exc).__name__}: {_one_line(str(exc))}") from None
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(f"{where}: is not an async function (define it as async def fn(client, task))")
+    return fn
+
+
+# ------------------------------------------------------------------------------------------------------ running
+def run_agents(jobs: Sequence[AgentJob], cfg: Any, base_url: str, model: str, log: Callable[[str], None],
+               abandon: Callable[[], bool] = lambda: False) -> list[AgentOutcome]:
+    """Run one agent per job (``cfg``: the ``agent`` section) against the gateway at ``base_url``; the outcomes in
+    job order. See the module doc for what an agent gets and how it is stopped."""
+    groups: set[int] = set()  # the process groups of the agents running now
+    if cfg.command:
+        run_one = _command_runner(_command_argv(cfg.command), float(cfg.timeout_s), base_url, model, groups)
+    else:
+        run_one = _function_runner(_load_function(cfg.function), float(cfg.timeout_s), base_url, model)
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(_run_all(list(jobs), run_one, int(cfg.max_concurrent), log, abandon))
+    finally:  # normally a no-op; after an exception in this thread the agents still running end here
+        for pgid in list(groups):
+            _signal_group(pgid, signal.SIGKILL)
+        rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in rest:
+            task.cancel()
+        if rest:  # bounded: a function that swallows its cancellation must not hold the caller
+            loop.run_until_complete(asyncio.wait(rest, timeout=KILL_GRACE_S))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+async def _run_all(jobs: list[AgentJob], run_one: Callable[[AgentJob], Awaitable[float | None]], max_concurrent: int,
+                   log: Callable[[str], None], abandon: Callable[[], bool]) -> list[AgentOutcome]:
+    slots = asyncio.Semaphore(max_concurrent)
+    tasks = [asyncio.ensure_future(_run_job(job, run_one, slots, log)) for job in jobs]
+    pending = set(tasks)
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=ABANDON_POLL_S)
+        if pending and abandon():
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=2 * KILL_GRACE_S)
+            break
+    return [t.result() if t.done() and not t.cancelled() else AgentOutcome(job.key, None, "abandoned", 0.0)
+            for job, t in zip(jobs, tasks)]
+
+
+async def _run_job(job: AgentJob, run_one: Callable[[AgentJob], Awaitable[float | None]], slots: asyncio.Semaphore,
+                   log: Callable[[str], None]) -> AgentOutcome:
+    start = time.monotonic()
+    try:
+        async with slots:
+            start = time.monotonic()  # the agent's own time, not its wait for a slot
+            reward = await run_one(job)
+        return AgentOutcome(job.key, reward, None, time.monotonic() - start)
+    except asyncio.CancelledError:
+        return AgentOutcome(job.key, None, "abandoned", time.monotonic() - start)
+    except _AgentFailed as exc:
+        task_id = job.task.get("task_id", "?") if isinstance(job.task, dict) else "?"
+        log(f"agent for task {task_id}: {exc.error}" + (f"; {exc.detail}" if exc.detail else ""))
+        return AgentOutcome(job.key, None, exc.error, time.monotonic() - start)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
+
+
+def _command_runner(argv: list[str], timeout_s: float, base_url: str, model: str,
+                    groups: set[int]) -> Callable[[AgentJob], Awaitable[None]]:
+    async def run(job: AgentJob) -> None:
+        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": job.key, "OMRL_MODEL": model,
+               "OMRL_TASK": json.dumps(job.task)}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *guarded(argv, poll=_GUARD_POLL_S, grace=KILL_GRACE_S), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env,
+                start_new_session=True)  # its own process group: a stop reaches whatever the agent started
+        except OSError as exc:
+            raise _AgentFailed(f"cannot start {argv[0]!r}: {exc}") from None
+        groups.add(proc.pid)
+        tail = bytearray()
+        reader = asyncio.ensure_future(_keep_tail(proc.stderr, tail))
+        try:
+            try:
+                rc = await asyncio.wait_for(proc.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                await _stop(proc)
+                stderr = _one_line(tail.decode(errors="replace"))
+                raise _AgentFailed(f"timed out after {timeout_s:g}s (killed)",
+                                   f"stderr tail: {stderr}" if stderr else "") from None
+            except asyncio.CancelledError:
+                await _stop(proc)
+                raise
+        finally:
+            _signal_group(proc.pid, signal.SIGKILL)  # what the agent left running when it ended
+            groups.discard(proc.pid)
+            await asyncio.wait([reader], timeout=1.0)  # a process outside the group may still hold its stderr
+            reader.cancel()
+        if rc != 0:
+            raise _AgentFailed(f"exited {rc}: {_one_line(tail.decode(errors='replace')) or '(no stderr)'}")
+        return None
+
+    return run
+
+
+async def _keep_tail(stream: asyncio.StreamReader, tail: bytearray) -> None:
+    while chunk := await stream.read(65536):
+        tail += chunk
+        if len(tail) > STDERR_TAIL_CHARS:
+            del tail[:-STDERR_TAIL_CHARS]
+            del tail[:tail.find(b"\n") + 1]  # whole lines only (nothing when the tail is one long line)
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM to the agent's group, SIGKILL after :data:`KILL_GRACE_S` unless the agent has exited."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _signal_group(proc.pid, sig)
+        try:
+            await asyncio.wait_for(proc.wait(), KILL_GRACE_S)  # the loop must see it end to close its transport
+            return
+        except asyncio.TimeoutError:
+            pass
+
+
+def _function_runner(fn: Callable[..., Awaitable[Any]], timeout_s: float, base_url: str,
+                     model: str) -> Callable[[AgentJob], Awaitable[float | None]]:
+    import openai
+
+    params = inspect.signature(fn).parameters.values()
+    own_file = getattr(getattr(fn, "__code__", None), "co_filename", None)
+    extra = {"model": model} if any(p.name == "model" or p.kind is p.VAR_KEYWORD for p in params) else {}
+
+    async def boxed(client: Any, task: dict) -> tuple[Any, BaseException | None]:  # the function's own errors
+        try:
+            return await fn(client, task, **extra), None
+        except Exception as exc:
+            return None, exc
+
+    async def run(job: AgentJob) -> float | None:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=job.key, max_retries=0)
+        try:
+            value, exc = await asyncio.wait_for(boxed(client, job.task), timeout_s)
+        except asyncio.TimeoutError:
+            raise _AgentFailed(f"timed out after {timeout_s:g}s (cancelled)") from None
+        finally:
+            await client.close()
+        if exc is not None:
+            frames = traceback.extract_tb(exc.__traceback__)
+            frame = next((f for f in reversed(frames) if f.filename == own_file), frames[-1])  # the user's line
+            raise _AgentFailed(f"raised {type(exc).__name__}: {_one_line(str(exc))}",
+                               f"at {frame.filename}:{frame.lineno} in {frame.name}")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise _AgentFailed(f"returned {value!r} ({type(value).__name__}), not a finite number or None")
+        return float(value)
+
+    return run
