@@ -81,13 +81,9 @@ def _rule_overlap_update(c: Config) -> str | None:
 
 
 def _rule_agent(c: Config) -> str | None:
-    """Your own agent runs whole episodes behind the gateway: it has no turn-by-turn stream yet, and one source."""
     g = c.agent
     if g.command and g.function:
-        return (f"agent.command={g.command!r} and agent.function={g.function!r}: set one of them")
-    if (g.command or g.function) and c.rollout.max_staleness is not None:
-        return (f"rollout.max_staleness={c.rollout.max_staleness}: an agent behind the gateway "
-                f"(agent.{'command' if g.command else 'function'}) runs in lockstep only; leave it null")
+        return f"agent.command={g.command!r} and agent.function={g.function!r}: set one of them"
     return None
 
 

@@ -122,3 +122,21 @@ def test_serve_answers_the_sdk_with_its_key_and_stops_on_sigterm(tmp_path, cli_e
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_stream_trains_a_function_agent_with_every_token_tagged_by_its_version(tmp_path, cli_env):
+    """``rollout.max_staleness=2``: each rank's agents run without lockstep; every episode of a step is handed
+    over whole, its staleness counted like the loop's."""
+    run = tmp_path / "run"
+    env = dict(cli_env, PYTHONPATH=str(ROOT))
+    out = subprocess.run([CLI, "train", *SMALL, f"trainer.run_dir={run}", "trainer.total_steps=3",
+                          "agent.function=examples.key_door_agent:play", "rollout.max_staleness=2",
+                          "rollout.max_new_tokens=24", "trainer.val_freq=0"], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = _rows(run)[1:]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["stream/groups"] == 2 and r["gateway/continuous_episodes"] + r["gateway/per_call_episodes"] == 4
+        assert 0 <= r.get("stream/staleness_max", 0) <= 2
+    assert rows[0]["stream/first_batch"] == 1.0 and rows[-1].get("stream/staleness_mean", 0) > 0

@@ -140,29 +140,42 @@ def run_agents(jobs: Sequence[AgentJob], cfg: Any, base_url: str, model: str, lo
     """Run one agent per job (``cfg``: the ``agent`` section) against the gateway at ``base_url``; the outcomes in
     job order. See the module doc for what an agent gets and how it is stopped."""
     groups: set[int] = set()  # the process groups of the agents running now
-    if cfg.command:
-        run_one = _command_runner(_command_argv(cfg.command), float(cfg.timeout_s), base_url, model, groups)
-    else:
-        run_one = _function_runner(_load_function(cfg.function), float(cfg.timeout_s), base_url, model)
+    run_one = job_runner(cfg, base_url, model, groups)
     loop = asyncio.new_event_loop()
     try:
         return loop.run_until_complete(_run_all(list(jobs), run_one, int(cfg.max_concurrent), log, abandon))
     finally:  # normally a no-op; after an exception in this thread the agents still running end here
-        for pgid in list(groups):
-            _signal_group(pgid, signal.SIGKILL)
+        stop_groups(groups)
         rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
         for task in rest:
             task.cancel()
         if rest:  # bounded: a function that swallows its cancellation must not hold the caller
             loop.run_until_complete(asyncio.wait(rest, timeout=KILL_GRACE_S))
+        if hasattr(run_one, "close"):  # the functions' shared connection pool
+            loop.run_until_complete(run_one.close())
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+def job_runner(cfg: Any, base_url: str, model: str, groups: set[int]) -> Callable[[AgentJob], Awaitable[Any]]:
+    """The coroutine function that runs one agent of ``cfg`` for one job (what :func:`run_agents` runs per job;
+    :func:`run_job` turns it into an outcome). ``groups`` holds the process groups of the commands running now
+    (to stop them all at once); a function runner has ``close()``, a coroutine that closes its connection pool."""
+    if cfg.command:
+        return _command_runner(_command_argv(cfg.command), float(cfg.timeout_s), base_url, model, groups)
+    return _function_runner(_load_function(cfg.function), float(cfg.timeout_s), base_url, model)
+
+
+def stop_groups(groups: set[int]) -> None:
+    """SIGKILL to every command agent's process group still running."""
+    for pgid in list(groups):
+        _signal_group(pgid, signal.SIGKILL)
 
 
 async def _run_all(jobs: list[AgentJob], run_one: Callable[[AgentJob], Awaitable[float | None]], max_concurrent: int,
                    log: Callable[[str], None], abandon: Callable[[], bool]) -> list[AgentOutcome]:
     slots = asyncio.Semaphore(max_concurrent)
-    tasks = [asyncio.ensure_future(_run_job(job, run_one, slots, log)) for job in jobs]
+    tasks = [asyncio.ensure_future(run_job(job, run_one, slots, log)) for job in jobs]
     pending = set(tasks)
     while pending:
         _, pending = await asyncio.wait(pending, timeout=ABANDON_POLL_S)
@@ -175,8 +188,9 @@ async def _run_all(jobs: list[AgentJob], run_one: Callable[[AgentJob], Awaitable
             for job, t in zip(jobs, tasks)]
 
 
-async def _run_job(job: AgentJob, run_one: Callable[[AgentJob], Awaitable[float | None]], slots: asyncio.Semaphore,
-                   log: Callable[[str], None]) -> AgentOutcome:
+async def run_job(job: AgentJob, run_one: Callable[[AgentJob], Awaitable[float | None]], slots: asyncio.Semaphore,
+                  log: Callable[[str], None]) -> AgentOutcome:
+    """One job's :class:`AgentOutcome`, its agent run by ``run_one`` once a slot of ``slots`` is free."""
     start = time.monotonic()
     try:
         async with slots:
@@ -269,14 +283,16 @@ def _function_runner(fn: Callable[..., Awaitable[Any]], timeout_s: float, base_u
         except Exception as exc:
             return None, exc
 
+    shared: list[Any] = []  # one connection pool for every episode's client (a client of its own costs ~20 ms)
+
     async def run(job: AgentJob) -> float | None:
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=job.key, max_retries=0)
+        if not shared:
+            shared.append(openai.DefaultAsyncHttpxClient())
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=job.key, max_retries=0, http_client=shared[0])
         try:
             value, exc = await asyncio.wait_for(boxed(client, job.task), timeout_s)
         except asyncio.TimeoutError:
             raise _AgentFailed(f"timed out after {timeout_s:g}s (cancelled)") from None
-        finally:
-            await client.close()
         if exc is not None:
             frames = traceback.extract_tb(exc.__traceback__)
             frame = next((f for f in reversed(frames) if f.filename == own_file), frames[-1])  # the user's line
@@ -288,4 +304,9 @@ def _function_runner(fn: Callable[..., Awaitable[Any]], timeout_s: float, base_u
             raise _AgentFailed(f"returned {value!r} ({type(value).__name__}), not a finite number or None")
         return float(value)
 
+    async def close() -> None:
+        if shared:
+            await shared.pop().aclose()
+
+    run.close = close  # type: ignore[attr-defined]  # called by run_agents once every job ended
     return run

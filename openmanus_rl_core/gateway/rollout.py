@@ -11,9 +11,13 @@ loss, is counted in ``rollout/termination/env_error``, and the step goes on.
 
 from __future__ import annotations
 
+import asyncio
+import queue
+import threading
+import time
 from typing import Any, Callable, Sequence
 
-from openmanus_rl_core.gateway.agents import AgentJob, run_agents
+from openmanus_rl_core.gateway.agents import AgentJob, job_runner, run_agents, run_job, stop_groups
 from openmanus_rl_core.gateway.episodes import episode_from_record
 from openmanus_rl_core.gateway.server import Gateway
 from openmanus_rl_core.stopping import Abandoned
@@ -24,22 +28,23 @@ class AgentRollout:
     while agents run; True gives the rollout up (:class:`~openmanus_rl_core.stopping.Abandoned`)."""
 
     def __init__(self, engine: Any, tokenizer: Any, template: Any, agent_cfg: Any, version: Callable[[], int],
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, lock: Any = None):
         self.template, self.cfg, self.log = template, agent_cfg, log
-        # No engine lock here: the worker holds its own around the whole rollout.
-        self.gateway = Gateway(engine, tokenizer, agent_cfg.model_name, version=version)
+        # ``lock``: the rank's engine lock, held around each generate (a weight push lands between two).
+        self.gateway = Gateway(engine, tokenizer, agent_cfg.model_name, version=version, lock=lock)
         self.abandon: Callable[[], bool] = lambda: False
+        self.params = None  # the sampling of the next run (sampling())
 
     def sampling(self, rollout_cfg: Any) -> "AgentRollout":
         """Sample as ``rollout_cfg`` (the ``rollout`` section, with a validation's overrides) says, whatever the
         agents ask."""
         from openmanus_rl_core.rollout import sampling_params
 
-        self.gateway.sampling = sampling_params(rollout_cfg)
+        self.params = sampling_params(rollout_cfg)
         return self
 
     def run(self, tasks: Sequence[dict]) -> list:
-        jobs = [AgentJob(self.gateway.open_episode(task), dict(task)) for task in tasks]
+        jobs = [AgentJob(self.gateway.open_episode(task, self.params), dict(task)) for task in tasks]
         try:
             outcomes = run_agents(jobs, self.cfg, self.gateway.base_url, self.cfg.model_name, self.log,
                                   abandon=self.abandon)
@@ -56,3 +61,67 @@ class AgentRollout:
 
     def close(self) -> None:
         self.gateway.close()
+
+
+class AgentStream:
+    """The group stream's runner over agents (the interface of :class:`~openmanus_rl_core.rollout.episodes.
+    EpisodeRunner`): :meth:`add` starts one agent per task row in a background event loop, :meth:`advance` returns
+    the episodes whose agents ended, :meth:`close` stops every agent still running."""
+
+    def __init__(self, agents: AgentRollout, rollout_cfg: Any):
+        from openmanus_rl_core.rollout import sampling_params
+
+        self.agents, self.params = agents, sampling_params(rollout_cfg)
+        self.gateway = agents.gateway
+        cfg = agents.cfg
+        self.groups: set[int] = set()
+        self.run_one = job_runner(cfg, self.gateway.base_url, cfg.model_name, self.groups)
+        self.ended: queue.SimpleQueue = queue.SimpleQueue()
+        self.live = 0
+        self.stats: dict[str, Any] = {"generate_calls": 0, "gen_s": 0.0, "env_wait_s": 0.0, "gen_rows": 0}
+        self.loop = asyncio.new_event_loop()
+        self.slots = asyncio.Semaphore(int(cfg.max_concurrent))
+        self.thread = threading.Thread(target=self.loop.run_forever, name="omrl-agent-stream", daemon=True)
+        self.thread.start()
+
+    def add(self, tasks: Sequence[dict]) -> None:
+        for task in tasks:
+            job = AgentJob(self.gateway.open_episode(task, self.params), dict(task))
+            running = asyncio.run_coroutine_threadsafe(run_job(job, self.run_one, self.slots, self.agents.log),
+                                                       self.loop)
+            running.add_done_callback(lambda fut, job=job: self.ended.put((job, fut)))
+            self.live += 1
+
+    @property
+    def busy(self) -> bool:
+        return self.live > 0
+
+    def advance(self, max_wait_s: float = 0.05) -> list:
+        out, t0 = [], time.perf_counter()
+        try:
+            ended = [self.ended.get(timeout=max_wait_s)]
+        except queue.Empty:
+            self.stats["env_wait_s"] += time.perf_counter() - t0
+            return out
+        while True:
+            try:
+                ended.append(self.ended.get_nowait())
+            except queue.Empty:
+                break
+        for job, fut in ended:
+            self.live -= 1
+            outcome = fut.result()
+            record = self.gateway.close_episode(job.key)
+            if outcome.reward is not None:
+                record.reward = float(outcome.reward)
+            out.append(episode_from_record(record, self.agents.template, error=outcome.error))
+        return out
+
+    def close(self) -> None:
+        stop_groups(self.groups)
+        for task in asyncio.all_tasks(self.loop):
+            self.loop.call_soon_threadsafe(task.cancel)
+        if hasattr(self.run_one, "close"):
+            asyncio.run_coroutine_threadsafe(self.run_one.close(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)

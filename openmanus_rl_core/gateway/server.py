@@ -62,6 +62,7 @@ class EpisodeRecord:
     calls: list[Call] = field(default_factory=list)
     reward: float | None = None
     success: bool | None = None
+    sampling: SamplingParams | None = None  # how its calls are sampled (None: as the gateway's default says)
 
 
 class ApiError(Exception):
@@ -169,11 +170,12 @@ class Gateway:
         host, port = self.server.server_address[:2]
         return f"http://{host}:{port}/v1"
 
-    def open_episode(self, task: dict) -> str:
-        """A new key; the calls made with it are recorded under ``task``."""
+    def open_episode(self, task: dict, sampling: SamplingParams | None = None) -> str:
+        """A new key; the calls made with it are recorded under ``task`` and sampled as ``sampling`` says (None:
+        as ``self.sampling``)."""
         key = "omrl-" + secrets.token_hex(16)
         with self._lock:
-            self.episodes[key] = EpisodeRecord(key=key, task=dict(task))
+            self.episodes[key] = EpisodeRecord(key=key, task=dict(task), sampling=sampling)
         return key
 
     def close_episode(self, key: str) -> EpisodeRecord:
@@ -217,7 +219,7 @@ class Gateway:
         """One ``/v1/chat/completions`` request: rendered, generated (batched with others), recorded."""
         req = _ChatRequest.parse(body, self.model)
         prompt = self.render(req.messages, req.tools)
-        params = self._params(req)
+        params = self._params(req, record.sampling if record is not None and record.sampling else self.sampling)
         outs, version = self.batcher.submit([prompt] * req.n, params).result()
         choices = []
         for i, out in enumerate(outs):
@@ -244,10 +246,10 @@ class Gateway:
                            param="messages") from None
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _params(self, req: "_ChatRequest") -> SamplingParams:
-        if self.sampling is not None:  # training: the run's sampling, the request's stop strings and length cap
-            cap = min(self.sampling.max_new_tokens, req.max_tokens or self.sampling.max_new_tokens)
-            return replace(self.sampling, max_new_tokens=cap, stop=list(self.sampling.stop) + req.stop)
+    def _params(self, req: "_ChatRequest", sampling: SamplingParams | None) -> SamplingParams:
+        if sampling is not None:  # training: the run's sampling, the request's stop strings and length cap
+            cap = min(sampling.max_new_tokens, req.max_tokens or sampling.max_new_tokens)
+            return replace(sampling, max_new_tokens=cap, stop=list(sampling.stop) + req.stop)
         temperature = 1.0 if req.temperature is None else req.temperature
         return SamplingParams(max_new_tokens=req.max_tokens or self.max_new_tokens, temperature=temperature or 1.0,
                               top_p=1.0 if req.top_p is None else req.top_p, stop=req.stop,

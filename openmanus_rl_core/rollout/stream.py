@@ -71,14 +71,17 @@ class RankStream:
     """One actor rank's side of the stream (see the module doc).
 
     ``loop``: an :class:`~.loop.AgentLoop` over the rank's engine (mode episodes); ``lock``: the rank's engine lock;
-    ``version``: returns the policy version of the engine's weights (read under the lock).
+    ``version``: returns the policy version of the engine's weights (read under the lock); ``runner``: another
+    runner of that interface (an agent's, gateway/rollout.py), which takes the lock itself.
     """
 
-    def __init__(self, loop: Any, lock: threading.RLock, version: Callable[[], int]):
+    def __init__(self, loop: Any, lock: threading.RLock, version: Callable[[], int], runner: Any = None):
         from openmanus_rl_core.rollout.episodes import EpisodeRunner
 
-        loop.engine = _LockedEngine(loop.engine, lock, loop, version)
-        self.runner = EpisodeRunner(loop)
+        if runner is None:
+            loop.engine = _LockedEngine(loop.engine, lock, loop, version)
+            runner = EpisodeRunner(loop)
+        self.runner = runner
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.expected: dict[Any, int] = {}
         self.partial: dict[Any, list[Episode]] = {}
