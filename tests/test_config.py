@@ -137,6 +137,7 @@ ALIASES = {
     "rewards.py": {"cfg": None},  # the reward components mapping
     "algorithms": {"cfg": None, "ocfg": (schema.ActorConfig, schema.CriticConfig)},  # cfg: kwargs of an estimator or loss
     "engines": {"cfg": None},  # a Hugging Face model config
+    "gateway": {"cfg": schema.AgentConfig, "self.cfg": schema.AgentConfig, "agent_cfg": schema.AgentConfig},
     # the trainer's parts outside trainer.py take the trainer
     **{name: {"trainer.cfg": schema.Config}
        for name in ("validation.py", "trainer_state.py", "warmup.py", "trainer_setup.py")},
@@ -224,7 +225,7 @@ def test_every_schema_key_is_read_and_nothing_outside_it():
     for key in read:
         qualified.add(key)
         for alias_kind in (schema.TrainerConfig, schema.WarmupConfig, schema.AlgorithmConfig, schema.RolloutConfig,
-                           schema.ModelConfig, schema.ActorConfig, schema.CriticConfig):
+                           schema.ModelConfig, schema.ActorConfig, schema.CriticConfig, schema.AgentConfig):
             if key.split(".")[0] in _field_names(alias_kind):
                 qualified.add(f"{_section_of(alias_kind)}.{key}")
         if key.split(".")[0] in _field_names(schema.LoraConfig):
