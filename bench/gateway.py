@@ -53,6 +53,8 @@ def parity(seeds: list[int], agent: str, extra: list[str]) -> None:
             loop, loop_s = train([f"seed={seed}", *extra], Path(tmp) / f"loop_{seed}")
             gw, gw_s = train([f"seed={seed}", AGENTS[agent], *extra], Path(tmp) / f"gateway_{seed}")
             out.append((seed, loop, loop_s, gw, gw_s))
+            print(f"  seed {seed}: loop {loop['val/success_rate']:.3f}, gateway {gw['val/success_rate']:.3f}",
+                  flush=True)  # kept in the log should a later seed fail
     print(f"\nparity ({agent} agent), load average {os.getloadavg()[0]:.1f}")
     print("| seed | built-in loop: val success | gateway: val success | difference | wall time (loop, gateway) |")
     print("|---|---|---|---|---|")

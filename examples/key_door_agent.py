@@ -29,7 +29,7 @@ async def play(client, task, model):
         if result.done:
             break
         messages.append({"role": "user", "content": result.observation})
-    await client.post("/rl/reward", body={"reward": reward, "success": success}, cast_to=dict)
+    await client.post("/rl/reward", body={"reward": reward, "success": success}, cast_to=object)
 
 
 if __name__ == "__main__":  # OPENAI_BASE_URL and OPENAI_API_KEY: the trainer's gateway and this episode's key

@@ -140,7 +140,7 @@ def test_the_sdk_gets_replies_models_logprobs_a_stream_and_posts_the_reward(gate
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "<action>open box</action>"
     two = client.chat.completions.create(model="omrl-policy", messages=msgs, n=2)
     assert [c.index for c in two.choices] == [0, 1]
-    client.post("/rl/reward", body={"reward": 0.75, "success": True}, cast_to=dict)
+    client.post("/rl/reward", body={"reward": 0.75, "success": True}, cast_to=object)
     record = gw.close_episode(key)
     assert record.reward == 0.75 and record.success is True and len(record.calls) == 5
     with pytest.raises(openai.AuthenticationError):  # a closed episode's key is refused

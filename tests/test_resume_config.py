@@ -101,6 +101,9 @@ def test_a_real_resume_keeps_the_reward_prints_and_records_the_change_and_keeps_
     assert ("changed on resume:\n  actor.lr: 0.0005 -> 0.0001\n  env.max_turns: 4 -> 5\n  rollout.max_turns: 4 -> 5\n"
             "  trainer.total_steps: 2 -> 3\n") in out.stdout
     assert "resumed: keeping the tiny model's tokenizer" in out.stdout and "built the tiny model" not in out.stdout
+    # A resume says what it skips, and does not announce a warm-up it will not run.
+    assert ("warm-up skipped (resuming from step_000002: the untrained validation and the warm-up ran before it)"
+            in out.stdout and "warm-up 1 steps at lr" not in out.stdout)
     assert {p.name: p.read_bytes() for p in (run / "model").iterdir()} == model
     assert (run / "config.json").read_bytes() == record
     history = [json.loads(line) for line in (run / "config_history.jsonl").read_text().splitlines()]
