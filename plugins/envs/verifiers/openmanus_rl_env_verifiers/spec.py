@@ -102,6 +102,9 @@ def env_config(env_id: str, settings: str) -> Any:
         err = exc.errors()[0]
         loc = [str(p) for p in err.get("loc", ())]
         msg = str(err.get("msg", exc)).splitlines()[0]
+        if loc[:1] == ["taskset"] and len(loc) > 1 and err.get("type") == "missing":
+            raise ValueError(f"taskset.{'.'.join(loc[1:])}: required by the taskset {env_id}; set "
+                             f"env.kwargs.taskset.{'.'.join(loc[1:])}=...") from None
         if loc[:1] == ["taskset"] and len(loc) > 1:  # one of the settings given in env.kwargs.taskset
             value = err.get("input")
             shown = "null" if value is None else json.dumps(value) if isinstance(value, (dict, list)) else value
