@@ -32,8 +32,9 @@ PHASES = {
     "rollout (slow env)": ([a for a in SLOW_ENV if not a.startswith("env=")], r"^step 1/", 0.5),
     "update": (["actor.ppo_epochs=40", "trainer.val_freq=0", "trainer.val_before_train=false",
                 "warmup.enabled=false"], r"^step 1/", 0.3),
-    "validation (mid-run)": (["env.val_tasks=400", "trainer.val_freq=1", "trainer.val_before_train=false",
-                              "warmup.enabled=false"], r"^validation: ", 0.5),
+    # step 1's line comes after its validation; step 2's own is short, so 1 s later step 2 validates 1000 tasks
+    "validation (mid-run)": (["env.val_tasks=1000", "trainer.val_freq=1", "trainer.val_before_train=false",
+                              "warmup.enabled=false"], r"^step 1/", 1.0),
     "checkpoint": (["model.tiny.hidden_size=768", "model.tiny.num_layers=12", "model.tiny.intermediate_size=3072",
                     "trainer.save_freq=1", "trainer.val_freq=0", "trainer.val_before_train=false",
                     "warmup.enabled=false", "data.train_batch_size=2", "algorithm.n=2"], r"^step 1/", 0.0),

@@ -34,6 +34,7 @@ import os
 import shlex
 import shutil
 import signal
+import ssl
 import time
 import traceback
 from dataclasses import dataclass
@@ -151,8 +152,6 @@ def run_agents(jobs: Sequence[AgentJob], cfg: Any, base_url: str, model: str, lo
             task.cancel()
         if rest:  # bounded: a function that swallows its cancellation must not hold the caller
             loop.run_until_complete(asyncio.wait(rest, timeout=KILL_GRACE_S))
-        if hasattr(run_one, "close"):  # the functions' shared connection pool
-            loop.run_until_complete(run_one.close())
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
@@ -160,7 +159,7 @@ def run_agents(jobs: Sequence[AgentJob], cfg: Any, base_url: str, model: str, lo
 def job_runner(cfg: Any, base_url: str, model: str, groups: set[int]) -> Callable[[AgentJob], Awaitable[Any]]:
     """The coroutine function that runs one agent of ``cfg`` for one job (what :func:`run_agents` runs per job;
     :func:`run_job` turns it into an outcome). ``groups`` holds the process groups of the commands running now
-    (to stop them all at once); a function runner has ``close()``, a coroutine that closes its connection pool."""
+    (to stop them all at once)."""
     if cfg.command:
         return _command_runner(_command_argv(cfg.command), float(cfg.timeout_s), base_url, model, groups)
     return _function_runner(_load_function(cfg.function), float(cfg.timeout_s), base_url, model)
@@ -283,16 +282,19 @@ def _function_runner(fn: Callable[..., Awaitable[Any]], timeout_s: float, base_u
         except Exception as exc:
             return None, exc
 
-    shared: list[Any] = []  # one connection pool for every episode's client (a client of its own costs ~20 ms)
+    # Each episode's client has a connection pool of its own (one pool shared by many concurrent episodes costs
+    # time quadratic in them), built on one TLS context (making a context per client costs ~20 ms).
+    tls = ssl.create_default_context()
 
     async def run(job: AgentJob) -> float | None:
-        if not shared:
-            shared.append(openai.DefaultAsyncHttpxClient())
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=job.key, max_retries=0, http_client=shared[0])
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=job.key, max_retries=0,
+                                    http_client=openai.DefaultAsyncHttpxClient(verify=tls))
         try:
             value, exc = await asyncio.wait_for(boxed(client, job.task), timeout_s)
         except asyncio.TimeoutError:
             raise _AgentFailed(f"timed out after {timeout_s:g}s (cancelled)") from None
+        finally:
+            await client.close()
         if exc is not None:
             frames = traceback.extract_tb(exc.__traceback__)
             frame = next((f for f in reversed(frames) if f.filename == own_file), frames[-1])  # the user's line
@@ -304,9 +306,4 @@ def _function_runner(fn: Callable[..., Awaitable[Any]], timeout_s: float, base_u
             raise _AgentFailed(f"returned {value!r} ({type(value).__name__}), not a finite number or None")
         return float(value)
 
-    async def close() -> None:
-        if shared:
-            await shared.pop().aclose()
-
-    run.close = close  # type: ignore[attr-defined]  # called by run_agents once every job ended
     return run

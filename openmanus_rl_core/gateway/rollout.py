@@ -121,7 +121,5 @@ class AgentStream:
         stop_groups(self.groups)
         for task in asyncio.all_tasks(self.loop):
             self.loop.call_soon_threadsafe(task.cancel)
-        if hasattr(self.run_one, "close"):
-            asyncio.run_coroutine_threadsafe(self.run_one.close(), self.loop).result(timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)

@@ -79,7 +79,7 @@ class ApiError(Exception):
 
 class _Batcher:
     """One thread that owns the engine: the prompts queued within ``wait_s`` of each other (with the same sampling
-    settings) go to ``engine.generate`` together."""
+    settings; at most ``10 * wait_s`` after the first) go to ``engine.generate`` together."""
 
     def __init__(self, engine: Any, lock: Any, version: Callable[[], int], wait_s: float):
         self.engine, self.lock, self.version, self.wait_s = engine, lock, version, wait_s
@@ -102,8 +102,10 @@ class _Batcher:
             if item is None:
                 return
             pending = [item]
-            deadline = time.monotonic() + self.wait_s
-            while (left := deadline - time.monotonic()) > 0:
+            # Requests of one turn arrive spread over a few ms: take them while they keep coming (a gap of wait_s
+            # ends the batch), for at most 10 x wait_s.
+            deadline = time.monotonic() + 10 * self.wait_s
+            while (left := min(self.wait_s, deadline - time.monotonic())) > 0:
                 try:
                     more = self.queue.get(timeout=left)
                 except queue.Empty:
