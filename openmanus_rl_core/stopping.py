@@ -49,6 +49,7 @@ class StopOnSignal:
         # Before the step loop (validation of the untrained model, the warm-up) there is no step to finish or save:
         # the signal interrupts at once (KeyboardInterrupt). The loop sets this False and stops between steps.
         self.interrupt = True
+        self.deferring = False  # inside deferred(): the signal is raised when the block ends
         self._previous: dict[int, object] = {}
         self._deadline: threading.Timer | None = None
 
@@ -81,6 +82,8 @@ class StopOnSignal:
             self._deadline.daemon = True
             self._deadline.start()
         name = signal.Signals(signum).name
+        if self.deferring:
+            return
         if self.interrupt:
             raise KeyboardInterrupt(f"{name} before the first training step")
         self.log(f"{name}: stopping (a rollout or validation in progress is abandoned, an update is finished, then "
@@ -98,6 +101,18 @@ class StopOnSignal:
     @property
     def exit_code(self) -> int:
         return 128 + int(self.requested or 0)
+
+    @contextmanager
+    def deferred(self):
+        """A block a stop must not cut in the middle (Ray's start: an interrupt raised inside an import can be
+        swallowed, or leave a module half imported); a signal during it interrupts when the block ends."""
+        before, self.deferring = self.deferring, True
+        try:
+            yield
+        finally:
+            self.deferring = before
+        if not before and self.interrupt and self.requested is not None:
+            raise KeyboardInterrupt(f"{signal.Signals(self.requested).name} before the first training step")
 
     @contextmanager
     def keeping(self, sampler: Any):

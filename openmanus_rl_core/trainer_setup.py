@@ -109,12 +109,13 @@ def start_workers(trainer: Any) -> None:
     """The actor (and critic) worker groups, from ``trainer.worker_classes()``; also after a worker failure."""
     from openmanus_rl_core.distributed.sizing import ensure_ray, start_worker_groups
 
-    trainer.ray_started = ensure_ray(trainer.cfg.trainer) or trainer.ray_started
-    t0 = time.perf_counter()
-    actor_cls, critic_cls = trainer.worker_classes()
-    trainer.actor, trainer.critic = start_worker_groups(trainer.cfg, actor_cls,
-                                                        critic_cls if trainer.use_critic else None,
-                                                        trainer.model_dir, trainer.total_steps)
+    with trainer.stop.deferred():  # Ray's imports and start-up are not cut in the middle
+        trainer.ray_started = ensure_ray(trainer.cfg.trainer) or trainer.ray_started
+        t0 = time.perf_counter()
+        actor_cls, critic_cls = trainer.worker_classes()
+        trainer.actor, trainer.critic = start_worker_groups(trainer.cfg, actor_cls,
+                                                            critic_cls if trainer.use_critic else None,
+                                                            trainer.model_dir, trainer.total_steps)
     W, info = trainer.actor.size, trainer.actor.setup_info[0]
     trainer.log(f"{W} actor worker(s){' + ' + str(W) + ' critic worker(s)' if trainer.critic else ''} ready on "
                 f"{info['device']} in {time.perf_counter() - t0:.1f}s; policy parameters: {info['params']:,}; "

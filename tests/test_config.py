@@ -119,9 +119,15 @@ def test_every_option_file_composes_and_checks():
 
     for algorithm in ("grpo", "ppo", "gigpo"):
         assert load([f"algorithm={algorithm}"]).algorithm.adv_estimator in config_rules.GROUP_ESTIMATORS + ("gae",)
+    # An option that needs the user's choice (verifiers' environment id) is refused naming the one key it needs.
+    needs = {"verifiers": "env.kwargs.id"}
     for env in registry("env").names():
-        cfg = load([f"env={env}"], training=False)
-        assert cfg.env.name == env and cfg.rollout.max_turns == cfg.env.max_turns >= 1
+        if env in needs:
+            with pytest.raises(ConfigError, match=rf"^{needs[env]}=null: required: .*\(env '{env}'\)$"):
+                load([f"env={env}"], training=False)
+        else:
+            cfg = load([f"env={env}"], training=False)
+            assert cfg.env.name == env and cfg.rollout.max_turns == cfg.env.max_turns >= 1
 
 
 # ------------------------------------------------------------------------------- schema keys vs. the code

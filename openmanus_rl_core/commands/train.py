@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from openmanus_rl_core.checkpoint import list_checkpoints, step_of
 from openmanus_rl_core.resume_config import record_changes
+from openmanus_rl_core.stopping import Abandoned
 from openmanus_rl_core.trainer import Trainer
 
 
@@ -48,11 +49,13 @@ def run(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None,
     trainer.stop.install()  # from the start: a stop while the model is built or the warm-up runs is a stop too
     try:
         trainer.setup()
+        if trainer.stop.requested:  # the interrupt was swallowed (raised inside an import that ignores it)
+            raise KeyboardInterrupt("a stop signal during the set-up")
         if changes:  # a resume's changes take effect in the step after its checkpoint (from the start without one)
             record_changes(trainer.run_dir, 0 if trainer.resume_path is None else step_of(trainer.resume_path) + 1,
                            changes)
         final = trainer.fit()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Abandoned):
         if not trainer.stop.requested:
             raise
         final = {}  # a signal before the first step: nothing to save
