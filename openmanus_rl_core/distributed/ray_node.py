@@ -17,6 +17,7 @@ import os
 import signal
 import tempfile
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -69,25 +70,42 @@ def start_ray(address: str | None, num_cpus: int, **init_kwargs: Any) -> None:
     before = signal.getsignal(signal.SIGTERM) if main else None
     own = callable(before)
     try:
-        _start(address, num_cpus, init_kwargs)
+        _start(address, num_cpus, init_kwargs, keep_handler=own)
     except SystemExit as exc:
         if own and exc.code == signal.SIGTERM:  # Ray's init handler: the signal goes to the caller's handler
             import ray
 
             ray.shutdown()
             signal.signal(signal.SIGTERM, before)
-            before(signal.SIGTERM, None)
+            before(signal.SIGTERM, None)  # it may raise at once, or only note the stop
+            raise KeyboardInterrupt("SIGTERM while Ray started") from None
         raise
     finally:
         if main:
             signal.signal(signal.SIGTERM, before if own else _exit_on_sigterm)
 
 
-def _start(address: str | None, num_cpus: int, init_kwargs: dict) -> None:
+@contextmanager
+def _sigterm_kept(keep: bool):
+    """While ``ray.init`` runs: with ``keep``, the caller's SIGTERM handler stays (Ray's own, ``sys.exit``, would
+    take a signal meant for a training run's stop). Ray is imported by then."""
+    from ray._private import utils as ray_utils
+
+    install = ray_utils.set_sigterm_handler
+    if keep:
+        ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = install
+
+
+def _start(address: str | None, num_cpus: int, init_kwargs: dict, keep_handler: bool = False) -> None:
     if address:
         import ray
 
-        ray.init(address=str(address), include_dashboard=False, **init_kwargs)
+        with _sigterm_kept(keep_handler):
+            ray.init(address=str(address), include_dashboard=False, **init_kwargs)
         return
     # Set for ray.init only (the node's processes inherit it): left set, it would stop this process's children
     # from forming a multi-node cluster (`ray start` refuses to join one).
@@ -99,7 +117,8 @@ def _start(address: str | None, num_cpus: int, init_kwargs: dict) -> None:
     before = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False  # Ray was imported before this call (a plugin, a test): same switch
     try:
-        ray.init(num_cpus=int(num_cpus), include_dashboard=False, **init_kwargs)
+        with _sigterm_kept(keep_handler):
+            ray.init(num_cpus=int(num_cpus), include_dashboard=False, **init_kwargs)
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before
         if before_env is None:
