@@ -1,5 +1,5 @@
 """Run directory, metrics (``metrics.jsonl`` + TensorBoard), the reward plot and timers (the progress bar:
-:mod:`openmanus_rl_core.progress`, re-exported here).
+:mod:`openmanus_rl_core.progress`).
 
 ``metrics.jsonl`` holds one JSON object per logged step: ``{"step": 12, "train/reward_mean": 0.5,
 ...}``. Every value is a float; NaN and +-inf are written as ``null`` (JSON has no NaN). Nested
@@ -18,14 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from openmanus_rl_core.progress import ProgressBar
 
 
 __all__ = [
     "MetricsLogger",
     "read_metrics",
     "plot_rewards",
-    "ProgressBar",
     "Timer",
     "reduce_metrics",
     "flatten_metrics",

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from openmanus_rl_core.metrics import flatten_metrics
+
 __all__ = ["EVERY_S", "Alive", "ProgressBar", "FIRST_STREAM_STEP"]
 
 EVERY_S = 10.0
@@ -137,7 +139,6 @@ class ProgressBar:
         self._val: dict[str, float] = {}
 
     def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
-        from openmanus_rl_core.metrics import flatten_metrics  # metrics re-exports this class: not at import
 
         metrics = flatten_metrics(metrics or {})
         for k in ("val/reward_mean", "val/success_rate"):

@@ -374,7 +374,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ fit
     def fit(self) -> dict[str, float]:
-        from openmanus_rl_core.metrics import LearningSignalWatch, MetricsLogger, ProgressBar, plot_rewards
+        from openmanus_rl_core.metrics import LearningSignalWatch, MetricsLogger, plot_rewards
+        from openmanus_rl_core.progress import ProgressBar
         from openmanus_rl_core.distributed.worker_group import WorkerGroupError
 
         tcfg = self.cfg.trainer

@@ -13,8 +13,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from openmanus_rl_core.metrics import (MetricsLogger, ProgressBar, Timer, make_run_dir, plot_rewards, read_metrics,
+from openmanus_rl_core.metrics import (MetricsLogger, Timer, make_run_dir, plot_rewards, read_metrics,
                                        reduce_metrics)
+from openmanus_rl_core.progress import ProgressBar
 
 
 def test_metrics_jsonl_content(tmp_path):

@@ -333,14 +333,16 @@ def _number(body: dict, name: str, kind: type, default: Any, low: float | None =
     return kind(value)
 
 
+# The role a chat template knows for an OpenAI role it may not (developer: OpenAI's newer name for system).
+_TEMPLATE_ROLE = {"developer": "system"}
+
+
 def _message(m: Any, i: int) -> dict:
     """A message with its text contents joined (the chat template renders text only)."""
     if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
         raise ApiError(400, f"messages[{i}] must be an object with a role of system, developer, user, assistant "
                             f"or tool, got {m!r}"[:300], param=f"messages[{i}]")
-    out = dict(m)
-    if out["role"] == "developer":  # OpenAI's newer name for the system role
-        out["role"] = "system"
+    out = dict(m, role=_TEMPLATE_ROLE.get(m["role"], m["role"]))
     content = m.get("content")
     if isinstance(content, list):
         texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
