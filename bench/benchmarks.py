@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from openmanus_rl_core.models import build_tokenizer
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.models.loading import build_tokenizer
+from openmanus_rl_core.plugin.registry import registry
 
 
 def rss_mb(pid: int | str = "self") -> float:

@@ -73,7 +73,7 @@ def _engine_and_env(model_dir: str):
     from transformers import AutoModelForCausalLM
 
     from openmanus_rl_core.engines.hf import HFEngine
-    from openmanus_rl_core.models import load_tokenizer
+    from openmanus_rl_core.models.loading import load_tokenizer
 
     tok = load_tokenizer(model_dir, None)
     return HFEngine(AutoModelForCausalLM.from_pretrained(model_dir), tok, seed=0), tok
@@ -86,9 +86,9 @@ def one_side(side: str, model_dir: str, episodes: int) -> float:
     import torch
 
     from openmanus_rl_core.gateway.rollout import AgentRollout
-    from openmanus_rl_core.registry import build
+    from openmanus_rl_core.plugin.registry import build
     from openmanus_rl_core.rollout import AgentLoop
-    from openmanus_rl_core.schema import RolloutConfig
+    from openmanus_rl_core.config.schema import RolloutConfig
 
     torch.set_num_threads(1)
     engine, tok = _engine_and_env(model_dir)

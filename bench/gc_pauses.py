@@ -1,5 +1,5 @@
 """Benchmark: what one full garbage collection costs in a process that holds an actor rank, with and without
-the set-up objects frozen (``openmanus_rl_core/heap.py``).
+the set-up objects frozen (``openmanus_rl_core/process/heap.py``).
 
     python bench/gc_pauses.py [--collections 5]
 
@@ -39,7 +39,7 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import trainer as bench_trainer
 
-    from openmanus_rl_core import heap
+    from openmanus_rl_core.process import heap
 
     with tempfile.TemporaryDirectory() as tmp:
         spec = bench_trainer.build_inputs(bench_trainer.parse_args(["--threads", "1"]), Path(tmp))

@@ -103,7 +103,7 @@ def build_model(seed: int = 0, shape: dict | None = None):
 def build_tokenizer():
     """A small byte-level BPE (ids 0..~500): generation only needs pad/EOS ids and ``decode`` (unknown ids are
     skipped), and the prompts are drawn from its id range."""
-    from openmanus_rl_core.models import build_tokenizer as _bt
+    from openmanus_rl_core.models.loading import build_tokenizer as _bt
 
     return _bt(["The quick brown fox jumps over the lazy dog. " * 4, "<action>look</action> Observation: ok"],
                vocab_size=512)

@@ -105,7 +105,7 @@ def main() -> int:
         print("bench/gpu_actor.py needs a CUDA GPU (none is visible)", file=sys.stderr)
         return 2
     from bench.gpu import QWEN2_05B, build_model, build_tokenizer
-    from openmanus_rl_core.schema import Config
+    from openmanus_rl_core.config.schema import Config
     from openmanus_rl_core.distributed.ray_node import local_store_path
     from openmanus_rl_core.workers import ActorWorker
 

@@ -42,9 +42,9 @@ def one_run(model_dir: str, batch: int, turns: int, kwargs: dict) -> dict:
     import torch
 
     from openmanus_rl_core.engines.hf import HFEngine
-    from openmanus_rl_core.models import load_model_and_tokenizer
+    from openmanus_rl_core.models.loading import load_model_and_tokenizer
     from openmanus_rl_core.protocols import SamplingParams
-    from openmanus_rl_core.schema import ModelConfig
+    from openmanus_rl_core.config.schema import ModelConfig
 
     torch.set_num_threads(1)
     model, tok = load_model_and_tokenizer(ModelConfig(path=model_dir), [])
@@ -69,8 +69,8 @@ def one_run(model_dir: str, batch: int, turns: int, kwargs: dict) -> dict:
 
 def tiny_model(folder: str) -> str:
     """The embedded default's model (its config, random weights) with a tokenizer trained on a small corpus."""
-    from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.schema import ModelConfig
+    from openmanus_rl_core.models.loading import load_model_and_tokenizer
+    from openmanus_rl_core.config.schema import ModelConfig
 
     corpus = [f"<action>go {d}</action> You see a door {i}." for i in range(200) for d in ("north", "south")]
     load_model_and_tokenizer(ModelConfig(), corpus, save_dir=folder)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from openmanus_rl_core.engines.hf import HFEngine  # noqa: E402
-from openmanus_rl_core.models import build_tiny_model, build_tokenizer  # noqa: E402
+from openmanus_rl_core.models.loading import build_tiny_model, build_tokenizer  # noqa: E402
 from openmanus_rl_core.protocols import StepResult  # noqa: E402
 from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, tokenizer_corpus  # noqa: E402
 
@@ -112,7 +112,7 @@ class OneAtATime:
 
 def parts(env_name: str):
     try:
-        from openmanus_rl_core.registry import registry
+        from openmanus_rl_core.plugin.registry import registry
 
         env_cls = registry("env").get(env_name)  # resolved once: a registry lookup reads package metadata
         template = registry("template").build("react", think=False)

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from openmanus_rl_core.engines.hf import HFEngine  # noqa: E402
-from openmanus_rl_core.models import build_tiny_model, build_tokenizer  # noqa: E402
-from openmanus_rl_core.registry import build  # noqa: E402
+from openmanus_rl_core.models.loading import build_tiny_model, build_tokenizer  # noqa: E402
+from openmanus_rl_core.plugin.registry import build  # noqa: E402
 from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, expand_tasks, tokenizer_corpus  # noqa: E402
 
 

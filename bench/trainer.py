@@ -25,7 +25,7 @@ Python process so that none inherits another's threads, process group or allocat
 Rows:
 
 - ``TRL GRPOTrainer``: ``trl.GRPOTrainer`` (transformers ``generate``), one process, once per ``--threads`` count.
-- ``ours (trainer)``: :meth:`openmanus_rl_core.trainer.Trainer.train_step`, as ``openmanus-rl train`` runs it: Ray,
+- ``ours (trainer)``: :meth:`openmanus_rl_core.run.trainer.Trainer.train_step`, as ``openmanus-rl train`` runs it: Ray,
   ``trainer.num_workers`` FSDP2 actor workers (``trainer.torch_threads`` threads each), rollout through the agent
   loop with real env ``reset``/``step`` calls, reward composer, allocator, advantage estimator, update, weight sync.
 - ``ours (1 rank, no Ray)``: the same worker code in-process -- one :class:`~openmanus_rl_core.workers.ActorWorker`
@@ -71,12 +71,12 @@ def build_inputs(args: argparse.Namespace, work: Path) -> dict:
     """Build the model folder and the task prompts every implementation uses; returns the spec the children read."""
     from transformers import AutoTokenizer
 
-    from openmanus_rl_core.config import load
-    from openmanus_rl_core.data import load_tasks
-    from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.registry import build
-    from openmanus_rl_core.task_generation import ensure_task_files
-    from openmanus_rl_core.warmup import build_corpus
+    from openmanus_rl_core.config.loading import load
+    from openmanus_rl_core.data.tasks import load_tasks
+    from openmanus_rl_core.models.loading import load_model_and_tokenizer
+    from openmanus_rl_core.plugin.registry import build
+    from openmanus_rl_core.data.generation import ensure_task_files
+    from openmanus_rl_core.run.warmup import build_corpus
 
     overrides = _overrides(args)
     cfg = load(overrides)
@@ -109,8 +109,8 @@ def build_inputs(args: argparse.Namespace, work: Path) -> dict:
 
 def env_reward(spec_overrides: list[str]):
     """``reward(text, task_id, seed) -> float``: the env's reward for the action the template parses from ``text``."""
-    from openmanus_rl_core.config import load
-    from openmanus_rl_core.registry import build
+    from openmanus_rl_core.config.loading import load
+    from openmanus_rl_core.plugin.registry import build
 
     cfg = load(spec_overrides)
     template = build("template", cfg.template)
@@ -133,7 +133,7 @@ def run_trl(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
 
     a = spec["args"]
     if spec.get("threads"):
@@ -204,8 +204,8 @@ def run_trl(spec: dict) -> dict:
 # ------------------------------------------------------------------------------------------------ ours
 def run_ours(spec: dict) -> dict:
     """Our GRPO step as ``openmanus-rl train`` runs it: :meth:`Trainer.train_step` (Ray, FSDP2 worker group)."""
-    from openmanus_rl_core.config import compose
-    from openmanus_rl_core.trainer import Trainer
+    from openmanus_rl_core.config.loading import compose
+    from openmanus_rl_core.run.trainer import Trainer
 
     a = spec["args"]
     with tempfile.TemporaryDirectory() as run_dir:
@@ -242,7 +242,7 @@ class InProcessGRPO:
     def __init__(self, spec: dict):
         import torch
 
-        from openmanus_rl_core.config import load
+        from openmanus_rl_core.config.loading import load
         from openmanus_rl_core.workers import ActorWorker
 
         a = spec["args"]

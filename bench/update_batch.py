@@ -13,7 +13,7 @@ the batch's longest row (the update as it was: no column is cut); ``after`` sets
 after one warm-up update. Padding fraction: padding positions over all positions the forward passes process.
 ``before`` and ``after`` run every row whole (``actor.share_prompts=false``); ``shared``: as ``after`` with shared
 prompts (the default), so the start the rows' prompts have in common (system prompt, task) runs once per
-micro-batch (openmanus_rl_core/shared_prompt.py). ``packed``: as ``after`` with ``actor.pack_rows=true`` (no padding
+micro-batch (openmanus_rl_core/models/shared_prompt.py). ``packed``: as ``after`` with ``actor.pack_rows=true`` (no padding
 at all; attention over each packed micro-batch is one masked ``[T, T]`` product on CPU).
 
 A second table times the HF engine's ``generate`` over the same rows' prompts: the shared starts prefilled once
@@ -45,13 +45,13 @@ def _padded_positions(batch, index) -> int:
 
 def build_batch_for(env: str, args, work: Path):
     """A per-turn-sample batch of ``env`` and the model folder it was rolled out with."""
-    from openmanus_rl_core.config import load
-    from openmanus_rl_core.data import load_tasks
-    from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.registry import build
-    from openmanus_rl_core.task_generation import ensure_task_files
+    from openmanus_rl_core.config.loading import load
+    from openmanus_rl_core.data.tasks import load_tasks
+    from openmanus_rl_core.models.loading import load_model_and_tokenizer
+    from openmanus_rl_core.plugin.registry import build
+    from openmanus_rl_core.data.generation import ensure_task_files
     from openmanus_rl_core.rollout import build_batch, expand_tasks
-    from openmanus_rl_core.warmup import build_corpus
+    from openmanus_rl_core.run.warmup import build_corpus
     from openmanus_rl_core.workers import ActorWorker
 
     overrides = ENV_OVERRIDES[env] + ["memory=window", f"env.max_turns={args.ub_turns}", "trainer.device=cpu",
@@ -76,7 +76,7 @@ def build_batch_for(env: str, args, work: Path):
 
 def time_update(batch, overrides: list[str], model_dir: str, repeats: int, padded: bool) -> tuple[list[float], int]:
     """Update times (after one warm-up) of a fresh one-rank worker, and the positions its forward passes process."""
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
     from openmanus_rl_core.workers import ActorWorker, microbatch
 
     cfg = load(overrides, training=False)
@@ -102,11 +102,11 @@ def time_generate(batch, model_dir: str, repeats: int) -> dict[str, list[float]]
     """Seconds of one HF-engine ``generate`` (24 new tokens) over the batch's prompts, their shared starts run once
     (``shared``, what the engine does) or every prompt whole (``whole``, the prefix search switched off); the two
     sides alternate, ``repeats`` times each after one warm-up call of each."""
-    from openmanus_rl_core import shared_prompt
+    from openmanus_rl_core.models import shared_prompt
     from openmanus_rl_core.engines.hf import HFEngine
-    from openmanus_rl_core.models import load_model_and_tokenizer
+    from openmanus_rl_core.models.loading import load_model_and_tokenizer
     from openmanus_rl_core.protocols import SamplingParams
-    from openmanus_rl_core.schema import ModelConfig
+    from openmanus_rl_core.config.schema import ModelConfig
 
     model, tok = load_model_and_tokenizer(ModelConfig(path=model_dir), [])
     R = batch["responses"].shape[1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {"train": "openmanus_rl_core.api:train", "evaluate": "openmanus_rl_core.api:evaluate",
-            "load_config": "openmanus_rl_core.config:load", "Trainer": "openmanus_rl_core.trainer:Trainer"}
+            "load_config": "openmanus_rl_core.config.loading:load", "Trainer": "openmanus_rl_core.run.trainer:Trainer"}
 __all__ = list(_EXPORTS)
 
 

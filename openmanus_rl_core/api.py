@@ -12,21 +12,21 @@
 :func:`train` runs exactly what ``openmanus-rl train`` runs (the same checks, the same resume rules) and returns the
 final metrics; ``rewards`` adds plain Python callables as reward components next to the configured ones (TRL's
 ``reward_funcs``), logged like any component (``train/reward/<label>/mean``). For a loop of your own, build a
-:class:`~openmanus_rl_core.trainer.Trainer` from :func:`~openmanus_rl_core.config.load`'s config.
+:class:`~openmanus_rl_core.run.trainer.Trainer` from :func:`~openmanus_rl_core.config.loading.load`'s config.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from openmanus_rl_core.python_rewards import callable_specs
+from openmanus_rl_core.rewards.callables import callable_specs
 
 
 def train(overrides: Sequence[str] | None = None, *, rewards: Mapping[str, Any] | None = None) -> dict:
     """Train as ``openmanus-rl train <overrides>`` does; the final metrics (the last step's, the last validation's),
     with ``run_dir``. ``rewards``: ``{label: fn or (fn, weight)}``, recorded with the run by name; a resume of such
-    a run takes them again (:mod:`~openmanus_rl_core.python_rewards`). Raises
-    :class:`~openmanus_rl_core.config.ConfigError` for a bad setting, and ``KeyboardInterrupt`` when a signal stopped
+    a run takes them again (:mod:`~openmanus_rl_core.rewards.callables`). Raises
+    :class:`~openmanus_rl_core.config.loading.ConfigError` for a bad setting, and ``KeyboardInterrupt`` when a signal stopped
     the run (its checkpoint is saved)."""
     from openmanus_rl_core.cli import prepare
     from openmanus_rl_core.commands.train import run
@@ -35,8 +35,11 @@ def train(overrides: Sequence[str] | None = None, *, rewards: Mapping[str, Any] 
     typed, kwargs = prepare("train", list(overrides or []), rewards=specs)
     status, final, trainer = run(typed, kwargs.get("changes"), rewards=specs)
     if status:
+        run_dir = getattr(trainer, "run_dir", None)  # None: stopped before the run folder was made
+        if run_dir is None:
+            raise KeyboardInterrupt("training stopped by a signal before the run started; nothing to continue")
         raise KeyboardInterrupt(f"training stopped by a signal; continue with omrl.train("
-                                f"['trainer.run_dir={trainer.run_dir}', 'trainer.resume=auto'], rewards=...)")
+                                f"['trainer.run_dir={run_dir}', 'trainer.resume=auto'], rewards=...)")
     return {**final, "run_dir": str(trainer.run_dir)}
 
 

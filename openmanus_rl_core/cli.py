@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from openmanus_rl_core import registry
+from openmanus_rl_core.plugin import registry
 from openmanus_rl_core.config import ConfigError
 from openmanus_rl_core.engines import EngineUnavailableError
-from openmanus_rl_core.envs import EnvUnavailableError
-from openmanus_rl_core.registry import KINDS, PluginError
-from openmanus_rl_core.reward_failures import RewardFailure
+from openmanus_rl_core.plugin.envs import EnvUnavailableError
+from openmanus_rl_core.plugin.registry import KINDS, PluginError
+from openmanus_rl_core.rewards.failures import RewardFailure
 
 # command -> "module:function(cfg)"; imported only when that command runs. A two-word command is a sub-action.
 JOBS = {
@@ -104,7 +104,7 @@ def key_help(key: str) -> str:
     """A config key's one line: the schema field's help, or a section's docstring (``env``: the env group)."""
     import dataclasses
 
-    from openmanus_rl_core.schema import Config
+    from openmanus_rl_core.config.schema import Config
 
     node: object = Config
     for part in key.split("."):
@@ -128,8 +128,8 @@ def describe(command: str) -> tuple[str, str]:
 def config_options() -> list[dict]:
     """Every config group option (``env=textcraft``, ``+experiment=...``) with the distribution that ships it: the
     core's config tree, then each hook plugin's config folders (this imports the hook modules, not components)."""
-    from openmanus_rl_core.config import core_config_dir
-    from openmanus_rl_core.plugins import make_plugin_manager
+    from openmanus_rl_core.config.loading import core_config_dir
+    from openmanus_rl_core.plugin.manager import make_plugin_manager
 
     sources = [("openmanus-rl-core", str(core_config_dir()))]
     for impl in make_plugin_manager().hook.openmanus_rl_config_dirs.get_hookimpls():
@@ -158,7 +158,7 @@ def _options(args: argparse.Namespace) -> int:
 
 def _components(args: argparse.Namespace) -> int:
     """``plugins [kind|hooks]``: the entry points of one kind, of the hooks, or (no kind) of all of them."""
-    from openmanus_rl_core.plugins import hook_entries
+    from openmanus_rl_core.plugin.manager import hook_entries
 
     sources = {"hooks": hook_entries, None: lambda: registry.entries(None) + hook_entries()}
     rows = sources.get(args.kind, lambda: registry.entries(args.kind))()
@@ -197,12 +197,12 @@ def _print_table(records: list[dict], as_json: bool, cols: list[str]) -> int:
 def composed(command: str, overrides: Sequence[str]):
     """``(config node, changes)`` as ``command`` sees ``overrides``: keys the command does not read are refused; a
     resumed training run starts from its own settings (``changes``: what the overrides change of them)."""
-    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.config.loading import compose
 
     check_command_keys(command, overrides)
     cfg = compose(overrides)
     if command in TRAINING_COMMANDS:  # a resumed run continues its own settings, the command line's changes on top
-        from openmanus_rl_core.resume_config import resumed_config
+        from openmanus_rl_core.config.resume import resumed_config
 
         return resumed_config(cfg, overrides, plain=lambda: compose([]))
     return cfg, {}
@@ -210,10 +210,10 @@ def composed(command: str, overrides: Sequence[str]):
 
 def prepare(command: str, overrides: Sequence[str], rewards: Sequence = ()):
     """``(typed config, job kwargs)``: everything checked before the job imports torch or starts anything.
-    ``rewards``: reward components given as Python callables (:mod:`~openmanus_rl_core.python_rewards`); a resumed
+    ``rewards``: reward components given as Python callables (:mod:`~openmanus_rl_core.rewards.callables`); a resumed
     run must be given those it recorded."""
-    from openmanus_rl_core.config import check
-    from openmanus_rl_core.models import check_model
+    from openmanus_rl_core.config.loading import check
+    from openmanus_rl_core.models.loading import check_model
 
     cfg, changes = composed(command, overrides)
     typed = check(cfg, training=command in TRAINING_COMMANDS)
@@ -227,7 +227,7 @@ def prepare(command: str, overrides: Sequence[str], rewards: Sequence = ()):
     # eval, rollout and export take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
     kwargs: dict = {"overrides": list(overrides)} if command in FROM_RUN_COMMANDS else {}
     if changes:
-        from openmanus_rl_core.resume_config import describe_changes
+        from openmanus_rl_core.config.resume import describe_changes
 
         print(describe_changes(changes), flush=True)
         kwargs = {"changes": changes}
@@ -236,9 +236,9 @@ def prepare(command: str, overrides: Sequence[str], rewards: Sequence = ()):
 
 def callable_changes(typed, rewards: Sequence) -> dict:
     """A resume's change of the run's callable rewards (``{"python_rewards": (recorded, given)}``, or none); the
-    recorded ones must be given again (:func:`~openmanus_rl_core.python_rewards.take_again`)."""
-    from openmanus_rl_core.python_rewards import RECORD_KEY, record, take_again
-    from openmanus_rl_core.resume_config import run_dir_of, run_settings
+    recorded ones must be given again (:func:`~openmanus_rl_core.rewards.callables.take_again`)."""
+    from openmanus_rl_core.rewards.callables import RECORD_KEY, record, take_again
+    from openmanus_rl_core.config.resume import run_dir_of, run_settings
 
     run = run_dir_of(typed.trainer.resume, typed.trainer.run_dir)
     saved = run_settings(run) if run is not None else None
@@ -252,7 +252,7 @@ def callable_changes(typed, rewards: Sequence) -> dict:
 
 
 def _job(command: str, args: argparse.Namespace) -> int:
-    from openmanus_rl_core.config import to_yaml
+    from openmanus_rl_core.config.loading import to_yaml
 
     if args.cfg:
         print(to_yaml(composed(command, list(args.overrides))[0]), end="")
@@ -268,7 +268,7 @@ def check_command_keys(command: str, overrides: Sequence[str]) -> None:
     naming the commands that read it."""
     import dataclasses
 
-    from openmanus_rl_core.schema import Config
+    from openmanus_rl_core.config.schema import Config
 
     verb = command.split()[0]
     for o in overrides:
@@ -288,7 +288,7 @@ def check_command_keys(command: str, overrides: Sequence[str]) -> None:
 
 
 def _config_doc(args: argparse.Namespace) -> int:
-    from openmanus_rl_core.config import render_doc
+    from openmanus_rl_core.config.loading import render_doc
 
     print(render_doc(), end="")
     return 0
@@ -324,8 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Errors whose message says all there is (what was wrong, where, what to do): printed without a traceback.
 # module -> class; looked up only in modules the command already imported (the listing imports no torch).
-REPORTED_ERRORS = {"openmanus_rl_core.checkpoint": "CheckpointError", "openmanus_rl_core.data": "DataError",
-                   "openmanus_rl_core.models": "ModelError", "openmanus_rl_core.rewards": "RewardFileError"}
+REPORTED_ERRORS = {"openmanus_rl_core.checkpoint.store": "CheckpointError", "openmanus_rl_core.data.tasks": "DataError",
+                   "openmanus_rl_core.models.loading": "ModelError", "openmanus_rl_core.rewards.composer": "RewardFileError"}
 
 
 def _reported(exc: Exception) -> bool:

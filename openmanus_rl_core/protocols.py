@@ -89,10 +89,10 @@ class Env(Protocol):
       text (a task given by content: a dataset row's ``observation``, e.g. the first user turn of an OpenManus-RL
       demonstration). The rollout calls it instead of ``reset`` when the task row has an ``observation``.
     - ``serve(**kwargs) -> EnvService`` on the env's entry point (class or factory), for envs behind servers: see
-      :mod:`openmanus_rl_core.envs`.
+      :mod:`openmanus_rl_core.plugin.envs`.
     - ``without_delays() -> Env`` -- the same episodes without simulated waits (a wrapper that only delays, such
       as ``latency``, gives the env it wraps). Work off the rollout path plays that env instead: the tokenizer
-      corpus and the warm-up's oracle episodes (:func:`openmanus_rl_core.envs.undelayed`).
+      corpus and the warm-up's oracle episodes (:func:`openmanus_rl_core.plugin.envs.undelayed`).
     """
 
     def reset(self, task_id: int | None = None, seed: int | None = None) -> str:

@@ -18,7 +18,8 @@ class FakeOpenAI:
         self.reply, self.model, self.key, self.stop_reason = reply, model, key, stop_reason
         self.faults: list[tuple] = []
         self.requests: list[dict] = []
-        self.headers: list[dict] = []
+        self.headers: list[dict] = []  # of each POST
+        self.get_headers: list[dict] = []  # of each GET (/models)
         self.in_flight = 0
         self.max_in_flight = 0
         self.lock = threading.Lock()
@@ -40,6 +41,8 @@ class FakeOpenAI:
                 self.wfile.write(payload)
 
             def do_GET(self) -> None:
+                with server.lock:
+                    server.get_headers.append(dict(self.headers))
                 if server.key and self.headers.get("Authorization") != f"Bearer {server.key}":
                     return self._send(401, b'{"error": "bad key"}')
                 self._send(200, json.dumps({"object": "list", "data": [{"id": server.model}]}).encode())
@@ -72,8 +75,8 @@ class FakeOpenAI:
                     self.send_response(200)
                     self.send_header("Content-Length", "1000000")
                     self.end_headers()
-                    try:
-                        for _ in range(10000):
+                    try:  # for 10 s, then it stops short: a client without a deadline fails then, not hangs
+                        for _ in range(int(10 / fault[1])):
                             self.wfile.write(b" ")
                             self.wfile.flush()
                             time.sleep(fault[1])

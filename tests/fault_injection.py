@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from openmanus_rl_core.trainer import Trainer
+from openmanus_rl_core.run.trainer import Trainer
 from openmanus_rl_core.workers import ActorWorker
 
 CRASH_MARKER = ".crash_done"
@@ -63,7 +63,7 @@ def fit(trainer_cls: type[Trainer], cfg: Any) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.config.loading import compose
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nan-step", type=int)

@@ -28,8 +28,8 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def main(run_dir: str, overrides: list[str]) -> dict:
-    from openmanus_rl_core.config import compose
-    from openmanus_rl_core.trainer import Trainer
+    from openmanus_rl_core.config.loading import compose
+    from openmanus_rl_core.run.trainer import Trainer
 
     model_dir = Path(run_dir) / "thinking-model"
     model, tok = thinking_model.build()

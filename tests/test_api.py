@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from test_resume_config import SMALL
 
 
@@ -48,7 +50,7 @@ def test_the_readme_example_trains_with_a_callable_reward_and_returns_the_metric
 
 
 def test_a_plain_callable_weighs_1_and_a_pair_gives_its_weight():
-    from openmanus_rl_core.python_rewards import callable_specs
+    from openmanus_rl_core.rewards.callables import callable_specs
 
     def turns(t):
         return float(t.num_turns)
@@ -68,3 +70,56 @@ def test_a_bad_reward_callable_is_refused_before_anything_starts(tmp_path):
         omrl.train([*SMALL, f"trainer.run_dir={tmp_path / 'run'}"], rewards={"x": 3})
     assert str(e.value) == "rewards['x']=3: must be a callable fn(trajectory) -> float, or (fn, weight)"
     assert not (tmp_path / "run").exists()
+
+
+
+def _sigterm_here(trainer) -> None:
+    """Sends this process SIGTERM and waits until the trainer's handler has taken it."""
+    import os
+    import signal
+    import time
+
+    assert signal.getsignal(signal.SIGTERM) == trainer.stop._handle  # never the default action: it would end pytest
+    os.kill(os.getpid(), signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while trainer.stop.requested is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("when", ["in the step loop", "before the run folder"])
+def test_train_stopped_by_sigterm_raises_and_does_not_return_metrics(when, tmp_path, monkeypatch, capsys):
+    """A real SIGTERM to this process (set-up and fit stubbed: no Ray, no model): ``train`` raises, with the command
+    that continues the run when there is one; the metrics the loop had are not handed back as if it ended."""
+    import signal
+
+    import openmanus_rl_core as omrl
+    from openmanus_rl_core.run.trainer import Trainer
+
+    run = tmp_path / "run"
+
+    def setup(self):
+        if when == "before the run folder":
+            _sigterm_here(self)  # the handler raises KeyboardInterrupt at once: nothing to save
+        self.run_dir = run
+        run.mkdir()
+
+    def fit(self):
+        self.stop.interrupt = False  # in the step loop: the signal asks, the loop stops between steps
+        _sigterm_here(self)
+        return {"train/reward_mean": 1.0, "step": 1}
+
+    monkeypatch.setattr(Trainer, "setup", setup)
+    monkeypatch.setattr(Trainer, "fit", fit)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt) as e:
+        omrl.train([*SMALL, f"trainer.run_dir={run}"])
+    printed = capsys.readouterr().out
+    if when == "in the step loop":
+        assert str(e.value) == (f"training stopped by a signal; continue with omrl.train(['trainer.run_dir={run}', "
+                                f"'trainer.resume=auto'], rewards=...)")
+        assert (f"stopped by SIGTERM after 0s; no step completed; continue with: openmanus-rl train "
+                f"trainer.run_dir={run} trainer.resume=auto") in printed
+    else:
+        assert str(e.value) == "training stopped by a signal before the run started; nothing to continue"
+        assert "stopped by SIGTERM after 0s, before the run started; nothing to continue" in printed
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from openmanus_rl_core.config import load
-from openmanus_rl_core.metrics import read_metrics
+from openmanus_rl_core.config.loading import load
+from openmanus_rl_core.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from openmanus_rl_core import checkpoint as ck
-from openmanus_rl_core.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_checkpoint,
-                                          restore_rng_state, save_checkpoint)
-from openmanus_rl_core.task_sampler import TaskSampler
+from openmanus_rl_core.checkpoint import store as ck
+from openmanus_rl_core.checkpoint.rng import capture_rng_state, restore_rng_state
+from openmanus_rl_core.checkpoint.store import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from openmanus_rl_core.data.sampler import TaskSampler
 
 
 def _state(step: int) -> dict:
@@ -165,7 +165,7 @@ def test_unsafe_values_are_refused_before_writing(tmp_path):
 def test_a_pickled_object_is_refused_by_load(tmp_path):
     class Evil:
         def __reduce__(self):
-            return (print, ("pwned",))
+            return (eval, ("0",))  # a builtin no library replaces (Ray swaps `print`)
 
     p = save_checkpoint(tmp_path, 1, {"step": 1})
     torch.save({"x": Evil()}, p / "step.pt")  # someone swaps a file and rewrites the manifest to match
@@ -175,7 +175,7 @@ def test_a_pickled_object_is_refused_by_load(tmp_path):
     assert zipfile.is_zipfile(p / "step.pt")
     with pytest.raises(CheckpointError, match=r"step.pt: refused by torch.load\(weights_only=True\)") as err:
         load_checkpoint(p)
-    assert "it asks for the Python object `print`" in str(err.value)
+    assert "it asks for the Python object `eval`" in str(err.value)
     # torch's own text advises loading it unsafely; the message must not pass that on
     assert "weights_only` set to `False`" not in str(err.value) and "safe_globals" not in str(err.value)
     assert err.value.__cause__ is None and err.value.__suppress_context__
@@ -357,7 +357,7 @@ def test_a_real_failed_write_names_the_path_and_keeps_the_previous_checkpoint(tm
     script = f"""
 import resource, signal
 import torch
-from openmanus_rl_core.checkpoint import CheckpointError, save_checkpoint
+from openmanus_rl_core.checkpoint.store import CheckpointError, save_checkpoint
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap then fails with EFBIG instead of killing
 resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
 try:

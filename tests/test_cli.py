@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from openmanus_rl_core import registry
+from openmanus_rl_core.plugin import registry
 
 
 def test_plugins_listing_imports_neither_torch_nor_any_plugin_module(cli_env):

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from openmanus_rl_core.cli import HELP, JOBS, check_command_keys, key_help
-from openmanus_rl_core.config import check, compose
+from openmanus_rl_core.config.loading import check, compose
 
 
 def test_every_command_has_help_with_two_examples_of_itself():

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from openmanus_rl_core import config_rules, schema
-from openmanus_rl_core.config import ConfigError, load, render_doc, schema_keys
+from openmanus_rl_core.config import rules as config_rules, schema
+from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.config.loading import load, render_doc, schema_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "openmanus_rl_core"
@@ -70,7 +71,7 @@ def test_cross_field_rules_choices_types_and_close_matches(overrides, message):
 
 
 def test_an_unknown_component_name_is_answered_with_close_matches():
-    from openmanus_rl_core.registry import UnknownPluginError
+    from openmanus_rl_core.plugin.registry import UnknownPluginError
 
     with pytest.raises(UnknownPluginError, match=r"unknown reward 'gaol'. Did you mean 'goal'\?"):
         load(["reward.components.goal.name=gaol"])
@@ -115,7 +116,7 @@ def test_the_yaml_restates_no_default():
 
 def test_every_option_file_composes_and_checks():
     """Every algorithm and env option the installed plugins ship is valid against the schema."""
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.plugin.registry import registry
 
     for algorithm in ("grpo", "ppo", "gigpo"):
         assert load([f"algorithm={algorithm}"]).algorithm.adv_estimator in config_rules.GROUP_ESTIMATORS + ("gae",)
@@ -140,13 +141,11 @@ ALIASES = {
                 "self.optim_cfg": (schema.ActorConfig, schema.CriticConfig)},
     "rollout": {"cfg": schema.RolloutConfig, "self.cfg": schema.RolloutConfig},
     "cli.py": {"c": None},  # a column name
-    "rewards.py": {"cfg": None},  # the reward components mapping
+    "rewards": {"cfg": None},  # the reward components mapping
     "algorithms": {"cfg": None, "ocfg": (schema.ActorConfig, schema.CriticConfig)},  # cfg: kwargs of an estimator or loss
     "engines": {"cfg": None},  # a Hugging Face model config
     "gateway": {"cfg": schema.AgentConfig, "self.cfg": schema.AgentConfig, "agent_cfg": schema.AgentConfig},
-    # the trainer's parts outside trainer.py take the trainer
-    **{name: {"trainer.cfg": schema.Config}
-       for name in ("validation.py", "trainer_state.py", "warmup.py", "trainer_setup.py")},
+    "run": {"trainer.cfg": schema.Config},  # the trainer's parts outside trainer.py take the trainer
 }
 # Fields read as a whole (dataclasses.asdict) by the component they configure, not field by field.
 READ_AS_A_WHOLE = {
@@ -155,7 +154,7 @@ READ_AS_A_WHOLE = {
     "memory": "registry.build('memory', cfg.memory); memory.window reaches the plugin through memory/<name>.yaml",
     "env.max_turns": "the default of rollout.max_turns (${env.max_turns})",
     "model.tiny": "models.load_model_and_tokenizer passes it to build_tiny_model",
-    "algorithm.kl_ctrl": "trainer_setup.setup passes it to make_kl_controller",
+    "algorithm.kl_ctrl": "run.setup.setup passes it to make_kl_controller",
     "algorithm.norm_by_std": "the estimator's kwargs (Trainer.phase_advantages)",
     "algorithm.epsilon": "the estimator's kwargs", "algorithm.step_weight": "the estimator's kwargs",
     "algorithm.gamma": "the estimator's kwargs", "algorithm.lam": "the estimator's kwargs",
@@ -181,7 +180,7 @@ def _reads() -> tuple[set[str], list[str]]:
     """Schema keys the core reads (dotted, from the section down), and reads of fields that do not exist."""
     read, outside = set(), []
     for path in sorted(CORE.rglob("*.py")):
-        if path.name in ("schema.py", "config.py"):
+        if path.relative_to(CORE).as_posix() in ("config/schema.py", "config/loading.py"):
             continue
         # A package's files share one entry (its folder's name); a top-level module has its own.
         aliases = {**ALIASES["*"], **ALIASES.get(path.relative_to(CORE).parts[0], {})}

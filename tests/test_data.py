@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from openmanus_rl_core import data, openmanus_layout, task_generation, task_sampler
+from openmanus_rl_core.data import generation as task_generation
 from openmanus_rl_core.commands.data import make as make_data
-from openmanus_rl_core.data import DataError, load_tasks, write_tasks
-from openmanus_rl_core.task_sampler import TaskSampler
+from openmanus_rl_core.data.tasks import DataError, load_tasks, write_tasks
+from openmanus_rl_core.data.sampler import TaskSampler
 
 
 def _write(path, columns: dict) -> str:
@@ -21,19 +21,6 @@ def _write(path, columns: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------ loading
-def test_moved_names_still_import_from_data():
-    """The sampler, generation and OpenManus-layout names moved to modules of their own; plugins import them from
-    ``openmanus_rl_core.data``, which hands out the very same objects."""
-    from openmanus_rl_core.data import OPENMANUS_SCHEMA, TaskSampler as Old, ensure_task_files
-
-    assert Old is task_sampler.TaskSampler and ensure_task_files is task_generation.ensure_task_files
-    assert OPENMANUS_SCHEMA is openmanus_layout.OPENMANUS_SCHEMA
-    assert data.read_openmanus is openmanus_layout.read_openmanus
-    assert data.write_split_files is task_generation.write_split_files
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        data.nope
-
-
 def test_load_documented_columns(tmp_path):
     p = _write(tmp_path / "t.parquet", {
         "env": ["word_copy", "word_copy"], "task_id": pa.array([3, 4], pa.int64()), "seed": pa.array([10, 11], pa.int64()),
@@ -228,7 +215,7 @@ def test_generate_wraps_ids_and_separates_by_seed_when_the_env_is_small():
 
 
 def _cfg(tmp_path, **env):
-    from openmanus_rl_core.schema import Config, DataConfig, EnvConfig
+    from openmanus_rl_core.config.schema import Config, DataConfig, EnvConfig
 
     return Config(env=EnvConfig(**{"name": "unit_env", "max_turns": 1, "num_tasks": 100, **env}),
                   data=DataConfig(dir=str(tmp_path / "made"), seed=0))
@@ -245,7 +232,7 @@ def test_make_writes_both_splits_and_prints_paths(tmp_path, capsys):
 
 
 def test_make_falls_back_to_the_schema_task_counts(tmp_path):
-    from openmanus_rl_core.schema import EnvConfig
+    from openmanus_rl_core.config.schema import EnvConfig
 
     make_data(_cfg(tmp_path))
     assert len(load_tasks(tmp_path / "made" / "train.parquet")) == EnvConfig.train_tasks == 256
@@ -253,7 +240,7 @@ def test_make_falls_back_to_the_schema_task_counts(tmp_path):
 
 
 def test_data_config_defaults_resolve(tmp_path, monkeypatch):
-    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.config.loading import compose
 
     monkeypatch.delenv("OPENMANUS_RL_DATA", raising=False)
     cfg = compose(["seed=4", "env=word_copy"])
@@ -297,7 +284,7 @@ def test_make_uses_the_env_num_tasks_from_the_registry(tmp_path, monkeypatch):
         def build(self, name, **kwargs):
             return self.get(name)(**kwargs)
 
-    import openmanus_rl_core.registry as reg
+    import openmanus_rl_core.plugin.registry as reg
 
     monkeypatch.setattr(reg, "registry", lambda kind: FakeRegistry())
     cfg = _cfg(tmp_path, train_tasks=3, val_tasks=2, kwargs={"size": 3}, num_tasks=None)
@@ -344,3 +331,26 @@ def test_an_empty_validation_set_is_an_error_naming_the_file(tmp_path, cli_env):
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert (f"error: {val}: no tasks (0 rows), but the run validates (trainer.val_freq=5 "
             f"trainer.val_before_train=True trainer.val_at_end=True); give validation tasks") in out.stderr
+
+
+def test_data_verify_fails_a_demonstration_whose_episode_ends_without_success(tmp_path, capsys):
+    """word_copy ends after one action: the right word passes, a wrong one ends the episode without success and
+    fails its row (the env said done, but not success)."""
+    from openmanus_rl_core.cli import main as cli_main
+    from openmanus_rl_core.plugin.registry import registry
+
+    env = registry("env").build("word_copy")
+    env.reset(task_id=0, seed=0)
+    word = env.oracle_action()
+    env.close()
+    path = tmp_path / "demos.parquet"
+    pq.write_table(pa.table({
+        "task_id": pa.array([0, 0], pa.int64()), "seed": pa.array([0, 0], pa.int64()),
+        "item_id": ["right", "wrong"],
+        "demonstration": [{"observation": "", "steps": [[word, "Correct."]]},
+                          {"observation": "", "steps": [["nope", "Wrong."]]}]}), path)
+    assert cli_main(["data", "verify", "env=word_copy", f"data.val_files={path}"]) == 1
+    out = capsys.readouterr().out
+    assert f"word_copy: 1/2 demonstrations succeed (success rate 0.500) in {path}" in out
+    assert out.endswith("failing rows (1):\n  row 1 (wrong): the episode ended at action 1 ('nope') without success: "
+                        "'Wrong.'\n")

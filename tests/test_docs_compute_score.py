@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
-from openmanus_rl_core.rewards import FunctionReward
+from openmanus_rl_core.rewards.components import FunctionReward
 
 REPO = Path(__file__).resolve().parents[1]
 SIGNATURE = "compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from openmanus_rl_core.engines.hf import HFEngine, filter_logits
-from openmanus_rl_core.models import build_tiny_model, build_tokenizer
+from openmanus_rl_core.models.loading import build_tiny_model, build_tokenizer
 from openmanus_rl_core.protocols import RolloutEngine, SamplingParams
 
 TEXTS = ["<action>open box</action> The box is open.", "say apple", "the note says: pear"] * 4 + [
@@ -47,7 +47,7 @@ def _recompute(model, prompt, gen_ids, temperature):
 
 
 def test_engine_is_registered_and_conforms(engine):
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.plugin.registry import registry
 
     assert registry("engine").get("hf") is HFEngine
     assert isinstance(engine, RolloutEngine)

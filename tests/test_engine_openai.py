@@ -1,9 +1,10 @@
 """The ``openai`` engine (a model served behind an OpenAI-compatible API) against a fake server on a thread:
-requests and sampling settings, the stop string put back, bounded concurrency, retries (500, 429 with Retry-After),
-timeouts (a silent server, a body that never ends), bad answers (not JSON, no choice), a dead port, chat messages
-recovered from the prompt, the key kept out of every file a rollout writes, a server failing in the middle of a
-rollout (malformed answer, empty choice, 429 with a long Retry-After, a body that never ends: one line, bounded
-time), and ``train`` refusing the engine."""
+requests and sampling settings, the stop string put back (and none after an end-of-text ending), an empty prompt
+refused, bounded concurrency, retries (500, 429 with Retry-After), timeouts (a silent server, a body that never
+ends), bad answers (not JSON, no choice), a dead port, chat messages recovered from the prompt, the key kept out of
+every file a rollout writes (and no key sent without one), a server failing in the middle of a rollout (malformed
+answer, empty choice, 429 with a long Retry-After, a body that never ends: one line, bounded time), and ``train``
+refusing the engine."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ STOP = SamplingParams(max_new_tokens=32, temperature=0.7, top_p=0.9, stop=["</ac
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from openmanus_rl_core.models import build_tokenizer
+    from openmanus_rl_core.models.loading import build_tokenizer
     from tests.tiny_hf import TEXTS
 
     return build_tokenizer(TEXTS + ["The note says: apple.", "open box", "say apple"], vocab_size=400)
@@ -71,6 +72,23 @@ def test_a_reply_cut_by_the_token_limit_is_length_and_gets_no_stop_string(tokeni
     assert (gen.text, gen.finish_reason) == ("<action>open", "length")
 
 
+@pytest.mark.parametrize("ending", [
+    None,  # the fake server's own answer: vLLM's `stop_reason: null`
+    {"text": "<action>open box", "finish_reason": "stop", "matched_stop": None},  # SGLang, no stop string matched
+    {"text": "<action>open box", "finish_reason": "stop", "matched_stop": 2},  # SGLang: the end-of-text token's id
+], ids=["vllm stop_reason null", "sglang matched_stop null", "sglang matched_stop eos id"])
+def test_a_reply_that_ended_on_end_of_text_gets_no_stop_string_appended(tokenizer, ending):
+    """The request asked for one stop string, and the server says none was matched (the model ended its turn): the
+    reply is left as the model wrote it, not given the stop string it never produced."""
+    with FakeOpenAI(lambda body: "<action>open box", stop_reason=True) as server:
+        if ending:
+            server.faults.append(("json", {"choices": [ending]}))
+        gen = engine(server, tokenizer).generate([prompt(tokenizer)], STOP)[0]
+    assert server.requests[0]["stop"] == ["</action>"]
+    assert (gen.text, gen.finish_reason) == ("<action>open box", "stop")
+    assert gen.token_ids == tokenizer.encode("<action>open box", add_special_tokens=False)
+
+
 def test_at_most_max_concurrency_requests_are_in_flight_and_replies_keep_their_order(tokenizer):
     def reply(body):
         time.sleep(0.15)
@@ -81,6 +99,13 @@ def test_at_most_max_concurrency_requests_are_in_flight_and_replies_keep_their_o
         gens = engine(server, tokenizer, max_concurrency=2).generate(prompts, STOP)
     assert server.max_in_flight == 2
     assert [g.text for g in gens] == [f"<action>{k + 1}</action>" for k in range(6)]
+
+
+def test_an_empty_prompt_is_refused_before_any_request(tokenizer):
+    with FakeOpenAI(lambda body: "<action>ok</action>") as server:
+        with pytest.raises(ValueError, match="OpenAIEngine.generate got an empty prompt"):
+            engine(server, tokenizer).generate([prompt(tokenizer), []], STOP)
+    assert server.requests == []
 
 
 def test_a_500_is_retried_and_a_429_waits_for_its_retry_after(tokenizer):
@@ -181,6 +206,18 @@ def test_the_key_goes_only_into_the_authorization_header(tokenizer, monkeypatch)
             engine(server, tokenizer, api_key_env="OMRL_TEST_KEY")
 
 
+def test_without_api_key_env_no_key_from_the_environment_is_sent(tokenizer, monkeypatch):
+    """The SDK reads OPENAI_API_KEY and OPENAI_ADMIN_KEY by itself; a served model without ``api_key_env`` must
+    never receive them (nor any Authorization header)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-user-own-openai-key")
+    monkeypatch.setenv("OPENAI_ADMIN_KEY", "sk-admin-own-openai-key")
+    with FakeOpenAI(lambda body: "<action>a</action>") as server:
+        engine(server, tokenizer).generate([prompt(tokenizer)], STOP)
+    sent = server.get_headers + server.headers  # GET /models, then the request
+    assert [h.get("Authorization") for h in sent] == [None, None]
+    assert "own-openai-key" not in json.dumps(sent)
+
+
 def test_chat_messages_are_recovered_from_the_rendered_prompt(tokenizer):
     msgs = [{"role": "system", "content": "Act."}, {"role": "user", "content": "A door.\nA box."},
             {"role": "assistant", "content": "<action>open box</action>"}, {"role": "user", "content": "Open."}]
@@ -204,7 +241,7 @@ def model_dir(tmp_path_factory) -> Path:
 def test_rollout_with_a_served_expert_succeeds_and_no_written_file_holds_the_key(model_dir, tmp_path, monkeypatch,
                                                                                   capsys):
     from openmanus_rl_core.cli import main as cli_main
-    from openmanus_rl_core.models import load_tokenizer
+    from openmanus_rl_core.models.loading import load_tokenizer
 
     key = "sk-omrl-never-written-7f3a"
     monkeypatch.setenv("OMRL_SERVED_KEY", key)
@@ -256,7 +293,7 @@ def test_a_server_failing_mid_rollout_ends_the_command_with_one_line_in_bounded_
     one line naming the URL: at once for an answer retrying cannot fix, after ``max_retries`` for the others (a
     Retry-After is capped by ``max_backoff_s``, a body by ``timeout_s``), never hanging."""
     from openmanus_rl_core.cli import main as cli_main
-    from openmanus_rl_core.models import load_tokenizer
+    from openmanus_rl_core.models.loading import load_tokenizer
 
     with FakeOpenAI(key_door_oracle(load_tokenizer(str(model_dir)))) as server:
         server.faults += [None, None] + [fault] * 4  # 2 episodes: turn 0 answered, turn 1 (and its retry) faulty
@@ -301,7 +338,7 @@ def test_a_misspelled_engine_setting_is_one_line_naming_it(tmp_path, capsys):
 
 def test_eval_scores_a_served_model_on_the_validation_tasks(model_dir, tmp_path, capsys):
     from openmanus_rl_core.cli import main as cli_main
-    from openmanus_rl_core.models import load_tokenizer
+    from openmanus_rl_core.models.loading import load_tokenizer
 
     out = tmp_path / "eval.json"
     with FakeOpenAI(key_door_oracle(load_tokenizer(str(model_dir)))) as server:

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 
 from openmanus_rl_core.engines.hf import HFEngine  # noqa: E402
 from openmanus_rl_core.engines.vllm import VLLMEngine  # noqa: E402
-from openmanus_rl_core.models import build_tiny_model, build_tokenizer  # noqa: E402
+from openmanus_rl_core.models.loading import build_tiny_model, build_tokenizer  # noqa: E402
 from openmanus_rl_core.protocols import Generation, RolloutEngine, SamplingParams  # noqa: E402
 
 TOL = 1e-4  # absolute log-prob difference allowed (float32 on both sides; measured ~5e-7)
@@ -268,7 +268,7 @@ def test_built_from_a_model_object_via_the_registry(tiny, prompts):
 
     vLLM starts on dummy weights from the model's config and gets the real ones pushed in memory.
     """
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.plugin.registry import registry
 
     model, tok, _ = tiny
     eng = registry("engine").build("vllm", model=copy.deepcopy(model), tokenizer=tok, device="cpu", seed=5,

@@ -18,11 +18,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_hf import save_tiny  # noqa: E402
 
-from openmanus_rl_core.checkpoint import save_checkpoint
+from openmanus_rl_core.checkpoint.store import save_checkpoint
 from openmanus_rl_core.cli import main
-from openmanus_rl_core.models import (CHATML_TEMPLATE, ModelError, apply_lora, check_model, load_tokenizer,
+from openmanus_rl_core.models.loading import (CHATML_TEMPLATE, ModelError, apply_lora, check_model, load_tokenizer,
                                       lora_scaling, merge_lora_state, transposed_modules)
-from openmanus_rl_core.schema import LoraConfig, ModelConfig
+from openmanus_rl_core.config.schema import LoraConfig, ModelConfig
 
 GPT2_ALL = ["c_attn", "c_proj", "c_fc"]  # attn.c_proj is square: only the layer type says it is transposed
 
@@ -134,7 +134,7 @@ def test_export_writes_a_hugging_face_folder_with_the_checkpoints_log_probs(tmp_
     check_model(ModelConfig(path=str(out)))
     # eval and rollout load the same policy from the checkpoint (the engine gets these merged weights).
     from openmanus_rl_core.commands.from_run import adopt_run_config, load_policy
-    from openmanus_rl_core.config import check, compose
+    from openmanus_rl_core.config.loading import check, compose
 
     named = [f"trainer.checkpoint={ckpt}"]
     c, run_ckpt = adopt_run_config(check(compose(named), training=False), named, log=lambda message: None)
@@ -208,7 +208,7 @@ def _plain_checkpoint(tmp_path: Path, rollout: dict | None = None) -> tuple[Path
     model = AutoModelForCausalLM.from_pretrained(str(folder))
     config = {"model": dataclasses.asdict(ModelConfig(path=str(folder)))}
     if rollout is not None:
-        from openmanus_rl_core.config import load
+        from openmanus_rl_core.config.loading import load
 
         run = load(["env=key_door", *(f"rollout.{k}={v}" for k, v in rollout.items())], training=False)
         config = {**{s: dataclasses.asdict(getattr(run, s)) for s in ("env", "rollout")}, **config}
@@ -240,7 +240,7 @@ def test_the_exported_generation_config_carries_the_tokenizers_pad_token_id(tmp_
 def test_eval_and_rollout_from_a_checkpoint_play_the_max_turns_the_command_line_names(tmp_path, command_line,
                                                                                         turns):
     from openmanus_rl_core.commands.from_run import adopt_run_config
-    from openmanus_rl_core.config import check, compose
+    from openmanus_rl_core.config.loading import check, compose
 
     ckpt, _ = _plain_checkpoint(tmp_path, rollout={"max_turns": 7})
     named = [f"trainer.checkpoint={ckpt}", *command_line]

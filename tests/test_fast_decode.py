@@ -20,8 +20,8 @@ from uneven_update import save_small_model  # noqa: E402
 
 @pytest.fixture(scope="module")
 def qwen2(tmp_path_factory):
-    from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.schema import ModelConfig
+    from openmanus_rl_core.models.loading import load_model_and_tokenizer
+    from openmanus_rl_core.config.schema import ModelConfig
 
     model, tok = load_model_and_tokenizer(ModelConfig(path=save_small_model(tmp_path_factory.mktemp("qwen2"))), [])
     with torch.no_grad():  # biases start at zero: give them values, so that a step that left them out shows

@@ -13,13 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from openmanus_rl_core.cli import main as cli_main
-from openmanus_rl_core.data import OPENMANUS_COLUMNS, load_tasks
+from openmanus_rl_core.data.openmanus_layout import OPENMANUS_COLUMNS
+from openmanus_rl_core.data.tasks import load_tasks
 from tests.fake_openai import FakeOpenAI, key_door_oracle
 
 
 @pytest.fixture(scope="module")
 def rollout_dir(tmp_path_factory) -> Path:
-    from openmanus_rl_core.models import load_tokenizer
+    from openmanus_rl_core.models.loading import load_tokenizer
     from tests.tiny_hf import save_tiny
 
     folder = tmp_path_factory.mktemp("from_rollouts")
@@ -76,9 +77,9 @@ def test_data_verify_replays_the_kept_rows_and_fails_on_kept_failures(rollout_di
 
 
 def test_the_warm_up_builds_its_demonstrations_from_the_file_alone(rollout_dir, tmp_path):
-    from openmanus_rl_core.models import build_tokenizer
-    from openmanus_rl_core.registry import build
-    from openmanus_rl_core.warmup import build_demonstrations
+    from openmanus_rl_core.models.loading import build_tokenizer
+    from openmanus_rl_core.plugin.registry import build
+    from openmanus_rl_core.run.warmup import build_demonstrations
 
     out = tmp_path / "demos.parquet"
     assert cli_main(["data", "from-rollouts", "env=key_door", f"data.rollouts={rollout_dir}",
@@ -106,3 +107,22 @@ def test_no_kept_episode_writes_nothing_and_exits_1(rollout_dir, tmp_path, capsy
     assert cli_main(["data", "from-rollouts", "env=key_door", f"data.rollouts={rollout_dir}", "data.keep=reward",
                      "data.min_reward=5", f"data.output={out}"]) == 1
     assert "no episode is kept" in capsys.readouterr().err and not out.exists()
+
+
+def test_keep_reward_keeps_an_episode_whose_reward_equals_the_minimum(tmp_path, capsys):
+    """``data.keep=reward`` keeps ``reward >= data.min_reward``: the episode at exactly the minimum is kept, the one
+    just under it is not (three hand-written episodes of different tasks)."""
+    def episode(task_id: int, reward: float) -> dict:
+        return {"task_id": task_id, "seed": 0, "task": {"task_id": task_id, "seed": 0}, "reward": reward,
+                "success": reward == 1.0, "initial_observation": f"room {task_id}",
+                "turns": [{"response": "<action>open box</action>", "action": {"content": "open box"},
+                           "observation": "The box is open."}]}
+
+    rollouts = tmp_path / "trajectories.jsonl"
+    rollouts.write_text("".join(json.dumps(episode(t, r)) + "\n" for t, r in [(0, 1.0), (1, 0.5), (2, 0.25)]))
+    out = tmp_path / "kept.parquet"
+    assert cli_main(["data", "from-rollouts", "env=key_door", f"data.rollouts={rollouts}", "data.keep=reward",
+                     "data.min_reward=0.5", f"data.output={out}"]) == 0
+    assert f"{rollouts}: 3 episodes, 2 with reward >= 0.5, 2 after dropping repeats" in capsys.readouterr().out
+    rows = pq.read_table(out, columns=["task_id", "reward"]).to_pylist()
+    assert rows == [{"task_id": 0, "reward": 1.0}, {"task_id": 1, "reward": 0.5}]

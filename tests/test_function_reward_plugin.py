@@ -14,7 +14,8 @@ import subprocess
 import pytest
 
 from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
-from openmanus_rl_core.rewards import ComponentSpec, FunctionReward, RewardComposer
+from openmanus_rl_core.rewards.components import FunctionReward
+from openmanus_rl_core.rewards.composer import ComponentSpec, RewardComposer
 
 DIST = "omrl-fnreward-demo"
 PKG = "omrl_fnreward_demo"

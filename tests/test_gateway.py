@@ -35,7 +35,7 @@ TOOLS_CHATML = (
 
 @pytest.fixture(scope="module")
 def tok():
-    from openmanus_rl_core.models import build_tokenizer
+    from openmanus_rl_core.models.loading import build_tokenizer
     from tiny_hf import TEXTS
 
     tokenizer = build_tokenizer(TEXTS + ["The box is open. The note says: apple.", "say apple", "open box"],
@@ -172,9 +172,9 @@ def test_a_tool_call_comes_back_in_openais_shape_and_renders_back_into_the_next_
 
 
 def _agent_loop_episode(tok, replies):
-    from openmanus_rl_core.registry import build
+    from openmanus_rl_core.plugin.registry import build
     from openmanus_rl_core.rollout import AgentLoop
-    from openmanus_rl_core.schema import RolloutConfig
+    from openmanus_rl_core.config.schema import RolloutConfig
 
     template = build("template", {"name": "react", "kwargs": {}})
     env_cfg = {"name": "key_door", "kwargs": {}}

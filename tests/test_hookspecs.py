@@ -5,7 +5,7 @@ from pathlib import Path
 
 from openmanus_rl_core import hookspecs
 from openmanus_rl_core.hookspecs import hookimpl
-from openmanus_rl_core.plugins import make_plugin_manager
+from openmanus_rl_core.plugin.manager import make_plugin_manager
 
 HOOKS = [n for n, f in vars(hookspecs).items() if inspect.isfunction(f) and hasattr(f, "openmanus_rl_spec")]
 
@@ -75,7 +75,7 @@ def test_a_registered_plugin_receives_every_lifecycle_hook():
 
 
 def test_config_dirs_from_plugins_reach_the_search_path(tmp_path):
-    from openmanus_rl_core.config import plugin_config_dirs
+    from openmanus_rl_core.config.loading import plugin_config_dirs
 
     pm = make_plugin_manager(load_entry_points=False)
     pm.register(Recorder())

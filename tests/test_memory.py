@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openmanus_rl_core.config import ConfigError, load
+from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.config.loading import load
 from openmanus_rl_core.engines.hf import HFEngine
-from openmanus_rl_core.models import build_tiny_model, build_tokenizer
+from openmanus_rl_core.models.loading import build_tiny_model, build_tokenizer
 from openmanus_rl_core.protocols import ParsedAction, PastTurn, Trajectory, Turn
-from openmanus_rl_core.registry import UnknownPluginError, build, registry
+from openmanus_rl_core.plugin.registry import UnknownPluginError, build, registry
 from openmanus_rl_core.rollout import AgentLoop, Episode, RolloutConfig, build_batch, expand_tasks, tokenizer_corpus
-from openmanus_rl_core.commands.rollout import episode_record, write_html
+from openmanus_rl_core.rollout.records import episode_record, write_html
 from openmanus_rl_core.testing import ConformanceError, check_memory
 
 

@@ -15,9 +15,9 @@ import pytest
 
 from openmanus_rl_core.engines.hf import HFEngine
 from openmanus_rl_core.engines.served import ServedModelError
-from openmanus_rl_core.models import build_tiny_model, build_tokenizer
+from openmanus_rl_core.models.loading import build_tiny_model, build_tokenizer
 from openmanus_rl_core.protocols import Generation, PastTurn, Summary
-from openmanus_rl_core.registry import build
+from openmanus_rl_core.plugin.registry import build
 from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, build_batch, expand_tasks, tokenizer_corpus
 from openmanus_rl_core.testing import check_memory
 from tests.fake_openai import FakeOpenAI
@@ -181,6 +181,51 @@ def test_a_writer_server_that_does_not_answer_is_one_line_naming_the_memory_sett
     with pytest.raises(EngineUnavailableError, match=f"the served model at {url} does not answer .*; start the "
                                                      f"server or fix memory.kwargs.engine.kwargs.base_url"):
         AgentLoop(ScriptedEngine(tok), tok, template, env_factory, RolloutConfig(max_turns=8), memory=mem)
+
+
+def test_a_writer_prompt_over_its_token_limit_keeps_its_end(relay):
+    """A budget of 900 of rollout.max_sample_tokens=1024 leaves the writer's prompt 124 tokens, fewer than its chat
+    holds: the prompt is the chat's last 124 tokens (the turns to add and the request to write), not its first."""
+    tok, template, env_factory = relay
+    budget, limit = 900, 1024 - 900
+    prompts, requests = [], []
+
+    class Engine:  # plays the relay; a call with the summary budget as max_new_tokens is the writer's
+        def generate(self, batch, params):
+            out = []
+            for ids in batch:
+                if params.max_new_tokens == budget:
+                    prompts.append(list(ids))
+                    reply = ANSWERS[3]
+                else:
+                    word = re.findall(r"shows the word: (\w+)", tok.decode(ids, skip_special_tokens=False))[-1]
+                    reply = f"<action>say {word}</action>"
+                reply_ids = tok.encode(reply, add_special_tokens=False)
+                out.append(Generation(token_ids=reply_ids, logprobs=[-0.5] * len(reply_ids), text=reply,
+                                      finish_reason="stop"))
+            return out
+
+    mem = memory(writer="policy", max_summary_tokens=budget)
+    ask = mem.summary_request
+
+    def recorded(*args):
+        request = ask(*args)
+        if request is not None:
+            requests.append(request.messages)
+        return request
+
+    mem.summary_request = recorded
+    loop = AgentLoop(Engine(), tok, template, env_factory,
+                     RolloutConfig(max_turns=8, max_new_tokens=24, max_sample_tokens=1024), memory=mem)
+    (ep,) = loop.run([{"task_id": 2, "seed": 0}])
+    assert ep.trajectory.num_turns == 8 and len(prompts) == len(requests) == 8 - (WINDOW + 1)
+    for messages, prompt in zip(requests, prompts):
+        full = loop.chat.encode(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        assert len(full) > limit and prompt == full[-limit:]
+        text = tok.decode(prompt, skip_special_tokens=False)
+        assert text.endswith(f"Write the updated summary in at most {budget} tokens. Reply with the summary only."
+                             f"<|im_end|>\n<|im_start|>assistant\n")
+        assert "You keep the record of an agent" not in text  # the writer's system line, at the start, is cut
 
 
 @pytest.mark.slow

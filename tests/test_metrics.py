@@ -13,9 +13,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from openmanus_rl_core.metrics import (MetricsLogger, Timer, make_run_dir, plot_rewards, read_metrics,
+from openmanus_rl_core.run.metrics import (MetricsLogger, Timer, make_run_dir, plot_rewards, read_metrics,
                                        reduce_metrics)
-from openmanus_rl_core.progress import ProgressBar
+from openmanus_rl_core.run.progress import ProgressBar
 
 
 def test_metrics_jsonl_content(tmp_path):
@@ -155,7 +155,7 @@ def test_make_run_dir(tmp_path, capsys):
 
 
 def test_learning_signal_watch_warns_once_per_streak_of_zero_advantages():
-    from openmanus_rl_core.metrics import LearningSignalWatch
+    from openmanus_rl_core.run.metrics import LearningSignalWatch
 
     watch = LearningSignalWatch(patience=3)
     dead = {"train/zero_adv_frac": 1.0, "train/reward_mean": -0.1, "train/reward_std": 0.0,
@@ -179,7 +179,7 @@ def test_learning_signal_watch_warns_once_per_streak_of_zero_advantages():
 def test_the_plot_gives_the_warm_up_its_own_segment_and_integer_steps(tmp_path):
     """Untrained val 0.1 -> after the warm-up 0.7 -> RL 0.9 at step 3: the warm-up's gain is drawn as the warm-up's,
     and the RL curve starts where the warm-up left it."""
-    from openmanus_rl_core.metrics import reward_figure, reward_series
+    from openmanus_rl_core.run.metrics import reward_figure, reward_series
 
     with MetricsLogger(tmp_path, tensorboard=False) as logger:
         logger.log(0, {"val/reward_mean": 0.1, "val/success_rate": 0.0, "warmup/val/reward_mean": 0.7,
@@ -212,7 +212,7 @@ def test_the_plot_gives_the_warm_up_its_own_segment_and_integer_steps(tmp_path):
 
 def test_the_reward_plot_legend_stays_off_the_curves(tmp_path):
     """The legend sits outside the axes (and inside the saved picture), however many curves there are."""
-    from openmanus_rl_core.metrics import reward_figure
+    from openmanus_rl_core.run.metrics import reward_figure
 
     with MetricsLogger(tmp_path, tensorboard=False) as logger:
         for step in range(1, 9):
@@ -230,7 +230,7 @@ def test_the_reward_plot_legend_stays_off_the_curves(tmp_path):
 
 
 def test_the_success_interval_is_wilsons_and_stays_inside_0_1():
-    from openmanus_rl_core.metrics import success_interval
+    from openmanus_rl_core.run.metrics import success_interval
 
     assert success_interval([True] * 8 + [False] * 2) == pytest.approx((0.4902, 0.9433), abs=1e-4)
     assert success_interval([True] * 31 + [False] * 9) == pytest.approx((0.6250, 0.8768), abs=1e-4)  # 0.775 on 40 tasks

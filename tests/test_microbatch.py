@@ -199,7 +199,7 @@ def test_the_sharding_choices_give_the_same_update_on_two_ranks(model_dir, tmp_p
 
 
 def test_critic_values_and_update_under_a_token_budget_equal_the_padded_ones(model_dir, group, batch):
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
     from openmanus_rl_core.workers import CriticWorker
 
     def critic(*overrides):
@@ -228,7 +228,8 @@ def test_critic_values_and_update_under_a_token_budget_equal_the_padded_ones(mod
 
 
 def test_replicate_with_mixed_precision_is_refused_naming_the_key():
-    from openmanus_rl_core.config import ConfigError, load
+    from openmanus_rl_core.config import ConfigError
+    from openmanus_rl_core.config.loading import load
 
     with pytest.raises(ConfigError, match="actor.sharding=replicate: trainer.mixed_precision=bf16"):
         load(["actor.sharding=replicate", "trainer.mixed_precision=bf16"])

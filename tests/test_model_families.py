@@ -41,9 +41,9 @@ def _log_probs(model, tokenizer) -> torch.Tensor:
 def test_train_two_steps_export_and_reload(tmp_path, cli_env, family, lora):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from openmanus_rl_core.checkpoint import load_checkpoint
-    from openmanus_rl_core.models import apply_lora, check_model
-    from openmanus_rl_core.schema import LoraConfig, ModelConfig
+    from openmanus_rl_core.checkpoint.store import load_checkpoint
+    from openmanus_rl_core.models.loading import apply_lora, check_model
+    from openmanus_rl_core.config.schema import LoraConfig, ModelConfig
 
     folder = save_tiny(family, tmp_path / family)
     run_dir, out = tmp_path / "run", tmp_path / "exported"

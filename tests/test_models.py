@@ -1,11 +1,11 @@
-"""The embedded default model and tokenizer (openmanus_rl_core/models.py)."""
+"""The embedded default model and tokenizer (openmanus_rl_core/models/loading.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from openmanus_rl_core.models import (
+from openmanus_rl_core.models.loading import (
     CHATML_TEMPLATE,
     IM_END,
     IM_START,
@@ -17,7 +17,7 @@ from openmanus_rl_core.models import (
     lora_scaling,
     merge_lora_state,
 )
-from openmanus_rl_core.schema import LoraConfig, ModelConfig, TinyModelConfig
+from openmanus_rl_core.config.schema import LoraConfig, ModelConfig, TinyModelConfig
 
 TEXTS = ["<action>open box</action>", "The box is open. The note says: apple.", "say apple"] * 3 + [
     f"word {i} and more words" for i in range(40)
@@ -184,7 +184,7 @@ def test_cudnn_attention_is_turned_off_for_a_cuda_device_only():
     worker or engine turns it off, a CPU one leaves torch as it was."""
     import torch
 
-    from openmanus_rl_core.models import avoid_cudnn_attention
+    from openmanus_rl_core.models.loading import avoid_cudnn_attention
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:

@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("openmanus_rl_env_textcraft")
 
 from openmanus_rl_core.cli import main as cli_main  # noqa: E402
-from openmanus_rl_core.data import OPENMANUS_SCHEMA, load_tasks  # noqa: E402
+from openmanus_rl_core.data.openmanus_layout import OPENMANUS_SCHEMA  # noqa: E402
+from openmanus_rl_core.data.tasks import load_tasks  # noqa: E402
 
 def expert_row(task_id: int, item: str, keep_actions: int | None = None) -> dict:
     """One row in OpenManus-RL's layout: AgentGym's conversation of the oracle playing ``task_id`` (cut to
@@ -91,7 +92,7 @@ def test_training_from_the_file_warms_up_on_its_conversations(files, tmp_path, c
 
 
 def test_a_reply_with_several_action_markers_demonstrates_its_last_action():
-    from openmanus_rl_core.data import conversation_demonstration
+    from openmanus_rl_core.data.openmanus_layout import conversation_demonstration
 
     turns = [{"from": "human", "loss": None, "value": "instruction"}, {"from": "gpt", "loss": False, "value": "OK"},
              {"from": "human", "loss": None, "value": "Goal: craft a stick."},

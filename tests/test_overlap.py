@@ -1,4 +1,4 @@
-"""The update overlapping the rollout (``rollout.overlap_update``, openmanus_rl_core/overlap.py): chunked gradients
+"""The update overlapping the rollout (``rollout.overlap_update``, openmanus_rl_core/run/overlap.py): chunked gradients
 equal the whole batch's update, on one rank and on two; the stream hands every group over once, whole, before the
 batch returns; the settings it cannot work with are refused by name."""
 
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from openmanus_rl_core.config import ConfigError, load
+from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.config.loading import load
 from openmanus_rl_core.distributed.sharding import shard_batch
 from openmanus_rl_core.rollout.stream import GroupStream
-from openmanus_rl_core.schema import RolloutConfig
+from openmanus_rl_core.config.schema import RolloutConfig
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -66,6 +67,59 @@ def test_chunked_gradients_make_the_update_of_the_whole_batch(model_dir, dist_gr
     for k in METRICS:
         assert abs(m_chunked[k] - m_whole[k]) < 1e-5, k
     assert m_chunked["actor/num_updates"] == 1.0 and m_chunked["actor/skipped_updates"] == 0.0
+
+
+class _OneRank:
+    """The actor worker group as OverlappedUpdate calls it, over one in-process rank."""
+
+    size = 1
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def call_each(self, method, args):
+        return [getattr(self.worker, method)(*a) for a in args]
+
+    def call(self, method, **kw):
+        return [getattr(self.worker, method)(**kw)]
+
+
+@pytest.mark.parametrize("handed", [CHUNKS[:2], CHUNKS], ids=["two-chunks-then-the-rest", "every-chunk"])
+def test_chunks_then_the_whole_batch_as_the_trainer_adds_them_make_one_update(model_dir, dist_group, batch,
+                                                                             monkeypatch, handed):
+    """The trainer's order (Trainer.phase_rollout): OverlappedUpdate.add for each chunk the stream hands over, then
+    add(every episode of the batch) -- which adds only those not handed over yet -- then one step. The rows'
+    advantages and old log-probs are the batch's own (the trainer's phases are stubbed out): the update is the one
+    the whole batch makes, each row counted once."""
+    from types import SimpleNamespace
+
+    import openmanus_rl_core.rollout as rollout
+    from openmanus_rl_core.run.overlap import OverlappedUpdate
+    from openmanus_rl_core.run.trainer import Trainer
+
+    whole, m_whole = _whole(model_dir, dist_group, batch)
+    worker = one_rank_worker(model_dir, dist_group)
+    before = flat_params(worker)
+    episodes = [SimpleNamespace(row=i, trajectory=SimpleNamespace()) for i in range(len(batch))]
+    monkeypatch.setattr(rollout, "build_batch", lambda eps, *_: batch[[e.row for e in eps]])
+    trainer = SimpleNamespace(
+        actor=_OneRank(worker), allocator=None, pad_token_id=worker.tokenizer.pad_token_id,
+        cfg=SimpleNamespace(rollout=SimpleNamespace(keep_env_errors=False)),
+        composer=SimpleNamespace(compose_batch=lambda trajs: ([SimpleNamespace(total=0.0) for _ in trajs], {})),
+        phase_log_probs=lambda b, m: None, phase_advantages=lambda b, m: None,
+        actor_update_keys=lambda b: Trainer.actor_update_keys(SimpleNamespace(correction="behaviour"), b))
+    overlap = OverlappedUpdate(trainer)
+    for rows in handed:
+        overlap.add([episodes[i] for i in rows])
+    overlap.add(episodes)
+    (m_chunked,) = overlap.step()
+    chunked = flat_params(worker) - before
+    assert float((chunked - whole).abs().max()) < 1e-5
+    for k in METRICS:
+        assert abs(m_chunked[k] - m_whole[k]) < 1e-5, k
+    assert m_chunked["actor/num_updates"] == 1.0
+    assert overlap.chunks == 3 and overlap.tokens == float(batch["response_mask"].sum())
+    assert len(overlap.breakdowns(episodes)) == len(batch)
 
 
 def test_dividing_by_other_than_the_batch_tokens_moves_the_update(model_dir, dist_group, batch):

@@ -13,8 +13,9 @@ from typing import Optional
 
 import pytest
 
-from openmanus_rl_core.config import ConfigError, load
-from openmanus_rl_core.plugin_kwargs import accepted_kwargs, check_kwargs
+from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.config.loading import load
+from openmanus_rl_core.config.plugin_kwargs import accepted_kwargs, check_kwargs
 
 CLI = str(Path(sys.executable).parent / "openmanus-rl")
 
@@ -82,6 +83,16 @@ def test_a_misspelled_reward_spec_key_gets_a_did_you_mean(tmp_path, cli_env):
 def test_a_kwarg_of_the_wrong_type_names_the_annotation(tmp_path, cli_env):
     got, _ = _refused(["env=textcraft", "env.kwargs.max_depth=abc"], tmp_path, cli_env)
     assert got == "error: env.kwargs.max_depth=abc: must be an integer or null (env 'textcraft')"
+
+
+def test_true_for_an_integer_kwarg_is_refused_though_a_bool_is_an_int_in_python():
+    with pytest.raises(ConfigError) as e:
+        load(["env=textcraft", "env.kwargs.min_depth=true"])
+    assert str(e.value) == "env.kwargs.min_depth=true: must be an integer (env 'textcraft')"
+    with pytest.raises(ConfigError) as e:
+        load(["env=textcraft", "env.kwargs.max_depth=false"])
+    assert str(e.value) == "env.kwargs.max_depth=false: must be an integer or null (env 'textcraft')"
+    assert load(["env=textcraft", "env.kwargs.min_depth=2"]).env.kwargs["min_depth"] == 2
 
 
 def test_eval_checks_plugin_kwargs_too(tmp_path, cli_env):

@@ -71,8 +71,8 @@ def test_a_block_key_that_collides_is_not_a_hit():
 # ------------------------------------------------------------------------------------------------- the engine
 @pytest.fixture(scope="module")
 def model_tok(tmp_path_factory):
-    from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.schema import ModelConfig
+    from openmanus_rl_core.models.loading import load_model_and_tokenizer
+    from openmanus_rl_core.config.schema import ModelConfig
 
     return load_model_and_tokenizer(ModelConfig(path=save_small_model(tmp_path_factory.mktemp("model"))), [])
 

@@ -1,5 +1,5 @@
 """Every phase before the first training step shows it is alive: the tokenizer corpus, the model build, the
-warm-up and validation each log a progress line at least every progress.EVERY_S seconds (issue 46)."""
+warm-up and validation each log a progress line at least every alive.EVERY_S seconds (issue 46)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from openmanus_rl_core import progress
-from openmanus_rl_core.progress import Alive
+from openmanus_rl_core.process import alive
+from openmanus_rl_core.process.alive import Alive
 
 
 def counts(lines: list[str], pattern: str) -> list[int]:
@@ -50,20 +50,20 @@ def test_alive_logs_while_a_call_blocks():
 
 @pytest.fixture
 def every_update(monkeypatch):
-    """A line at every update (the phases' own Alive objects read progress.EVERY_S)."""
-    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+    """A line at every update (the phases' own Alive objects read alive.EVERY_S)."""
+    monkeypatch.setattr(alive, "EVERY_S", 0.0)
 
 
 def key_door():
-    from openmanus_rl_core.config import load
-    from openmanus_rl_core.registry import build
+    from openmanus_rl_core.config.loading import load
+    from openmanus_rl_core.plugin.registry import build
 
     cfg = load(["env=key_door", "model.tiny.vocab_size=300"])
     return cfg, (lambda: build("env", cfg.env)), build("template", cfg.template)
 
 
 def test_the_corpus_counts_its_episodes(tmp_path, every_update):
-    from openmanus_rl_core.model_dir import prepare_model_dir
+    from openmanus_rl_core.run.model_folder import prepare_model_dir
 
     cfg, env_factory, template = key_door()
     tasks = [{"task_id": i, "seed": 0} for i in range(6)]
@@ -73,8 +73,8 @@ def test_the_corpus_counts_its_episodes(tmp_path, every_update):
 
 
 def test_the_model_build_says_it_is_alive_while_it_builds(tmp_path, monkeypatch):
-    from openmanus_rl_core import models
-    from openmanus_rl_core.model_dir import prepare_model_dir
+    from openmanus_rl_core.models import loading as models
+    from openmanus_rl_core.run.model_folder import prepare_model_dir
 
     real = models.load_model_and_tokenizer
 
@@ -83,7 +83,7 @@ def test_the_model_build_says_it_is_alive_while_it_builds(tmp_path, monkeypatch)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(models, "load_model_and_tokenizer", slow)
-    monkeypatch.setattr(progress, "EVERY_S", 0.05)
+    monkeypatch.setattr(alive, "EVERY_S", 0.05)
     cfg, env_factory, template = key_door()
     lines: list[str] = []
     prepare_model_dir(cfg, tmp_path, [{"task_id": 0, "seed": 0}], env_factory, template, lines.append)
@@ -93,9 +93,9 @@ def test_the_model_build_says_it_is_alive_while_it_builds(tmp_path, monkeypatch)
 
 
 def test_the_warm_up_reports_its_demonstrations_then_its_steps_and_loss(every_update):
-    from openmanus_rl_core.models import build_tokenizer
+    from openmanus_rl_core.models.loading import build_tokenizer
     from openmanus_rl_core.rollout import tokenizer_corpus
-    from openmanus_rl_core.warmup import build_demonstrations, run_warmup
+    from openmanus_rl_core.run.warmup import build_demonstrations, run_warmup
 
     cfg, env_factory, template = key_door()
     tasks = [{"task_id": i, "seed": 0} for i in range(4)]
@@ -118,7 +118,7 @@ def test_the_warm_up_reports_its_demonstrations_then_its_steps_and_loss(every_up
 
 
 def test_validation_says_it_is_alive_while_the_workers_play(monkeypatch):
-    from openmanus_rl_core.validation import validate
+    from openmanus_rl_core.run.validation import validate
 
     class Stop(Exception):
         pass
@@ -127,7 +127,7 @@ def test_validation_says_it_is_alive_while_the_workers_play(monkeypatch):
         time.sleep(0.6)  # the actor ranks play the validation episodes
         raise Stop  # what comes after (scoring, files) is not this test's
 
-    monkeypatch.setattr(progress, "EVERY_S", 0.05)
+    monkeypatch.setattr(alive, "EVERY_S", 0.05)
     lines: list[str] = []
     cfg = SimpleNamespace(trainer=SimpleNamespace(val_greedy=True, val_temperature=0.0))
     trainer = SimpleNamespace(cfg=cfg, val_tasks=[{"task_id": i, "seed": 0} for i in range(3)], log=lines.append,

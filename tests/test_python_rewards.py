@@ -54,7 +54,7 @@ def _cli(args: list[str], cli_env: dict) -> subprocess.CompletedProcess:
 def test_the_run_records_its_callables_by_name(run_with_a_callable):
     run = run_with_a_callable
     assert json.loads((run / "config.json").read_text())["python_rewards"] == RECORD
-    from openmanus_rl_core.checkpoint import open_checkpoint
+    from openmanus_rl_core.checkpoint.store import open_checkpoint
 
     meta = open_checkpoint(str(run / "checkpoints" / "step_000001"), keys=["meta"])[1]["meta"]
     assert meta["python_rewards"] == RECORD

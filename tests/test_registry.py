@@ -3,8 +3,8 @@
 import importlib_metadata
 import pytest
 
-from openmanus_rl_core import registry as reg
-from openmanus_rl_core.registry import (
+from openmanus_rl_core.plugin import registry as reg
+from openmanus_rl_core.plugin.registry import (
     AmbiguousPluginError,
     PluginEntry,
     PluginLoadError,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from openmanus_rl_core.checkpoint import save_checkpoint
+from openmanus_rl_core.checkpoint.store import save_checkpoint
 
 TRAIN = [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_door", "trainer.total_steps=1",
          "trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=1", "trainer.num_workers=1",
@@ -27,7 +27,7 @@ TRAIN = [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_do
 def _earlier_run(run_dir: Path) -> dict[str, bytes]:
     """A run directory as a run that got to step 4 leaves it: its config.json, checkpoints 2 and 4, metrics for
     steps 0..4. Returns every file's bytes, to show later that nothing changed."""
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
 
     run_dir.mkdir(parents=True)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(load(TRAIN[2:])), default=str))
@@ -82,7 +82,7 @@ def test_a_fresh_start_over_an_earlier_run_needs_an_explicit_choice(tmp_path, cl
 
 def test_never_sets_the_earlier_history_and_record_aside(tmp_path):
     """never: the earlier checkpoints, metrics and config.json move to previous/<time>/, byte for byte."""
-    from openmanus_rl_core.resume import resume_point
+    from openmanus_rl_core.run.resume import resume_point
 
     run_dir = tmp_path / "run"
     before = _earlier_run(run_dir)
@@ -101,7 +101,7 @@ def test_auto_without_a_checkpoint_starts_the_run_again_and_keeps_its_record(tmp
     played again), its config.json and config history stay where the resume reads them."""
     import shutil
 
-    from openmanus_rl_core.resume import resume_point
+    from openmanus_rl_core.run.resume import resume_point
 
     run_dir = tmp_path / "run"
     _earlier_run(run_dir)
@@ -141,8 +141,8 @@ def test_a_run_folder_without_its_record_is_refused(tmp_path, cli_env):
 def test_trainer_resume_true_resumes_like_auto(tmp_path, value):
     """`trainer.resume=true` (YAML's boolean, which reaches the string field as "True") continues the run from its
     newest checkpoint, exactly as `trainer.resume=auto` does."""
-    from openmanus_rl_core.config import load
-    from openmanus_rl_core.resume import resume_point
+    from openmanus_rl_core.config.loading import load
+    from openmanus_rl_core.run.resume import resume_point
 
     run_dir = tmp_path / "run"
     before = _earlier_run(run_dir)
@@ -159,7 +159,7 @@ def test_trainer_resume_true_resumes_like_auto(tmp_path, value):
 def test_setting_history_aside_twice_in_the_same_second_keeps_both(tmp_path, monkeypatch):
     import time
 
-    from openmanus_rl_core.resume import set_aside_history
+    from openmanus_rl_core.run.resume import set_aside_history
 
     monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101-120000")  # one and the same second
     run_dir = tmp_path / "run"

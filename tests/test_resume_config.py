@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from openmanus_rl_core.config import load
+from openmanus_rl_core.config.loading import load
 
 CLI = str(Path(sys.executable).parent / "openmanus-rl")
 SMALL = ["env=key_door", "trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=1",

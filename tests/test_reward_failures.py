@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
-from openmanus_rl_core.reward_failures import RewardFailure, check_reward_failures
-from openmanus_rl_core.rewards import ComponentSpec, RewardComposer
+from openmanus_rl_core.rewards.failures import RewardFailure, check_reward_failures
+from openmanus_rl_core.rewards.composer import ComponentSpec, RewardComposer
 from test_resume_config import SMALL
 
 CLI = str(Path(sys.executable).parent / "openmanus-rl")

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from openmanus_rl_core.cli import main
-from openmanus_rl_core.config import compose, check
+from openmanus_rl_core.config.loading import compose, check
 from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
-from openmanus_rl_core.rewards import RewardComposer, RewardFileError
+from openmanus_rl_core.rewards.composer import RewardComposer
+from openmanus_rl_core.rewards.files import RewardFileError
 
 VERL_SCORE = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -90,7 +91,7 @@ def test_a_bad_file_is_an_error_naming_the_file_and_function(tmp_path, text, spe
     score.write_text(text)
     with pytest.raises(RewardFileError, match=message):
         if "line 1" in message:
-            from openmanus_rl_core.rewards import check_reward_file
+            from openmanus_rl_core.rewards.files import check_reward_file
 
             check_reward_file("x", {"path": str(score)})
         else:

@@ -1,4 +1,4 @@
-"""The reward composer (openmanus_rl_core.rewards): weights, breakdowns, per-turn splits, function-style
+"""The reward composer (openmanus_rl_core.rewards.composer): weights, breakdowns, per-turn splits, function-style
 rewards, and failure counting."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
-from openmanus_rl_core.registry import UnknownPluginError, registry
-from openmanus_rl_core.rewards import (
+from openmanus_rl_core.plugin.registry import UnknownPluginError, registry
+from openmanus_rl_core.rewards.composer import (
     ComponentSpec,
     FunctionReward,
     RewardBreakdown,
@@ -267,7 +267,7 @@ def test_errors_counted_batch_goes_on(caplog):
 
     c = composer(ok=(Const(1.0), 1.0), flaky=(SometimesBad(), 2.0), boom=(Boom(), 1.0))
     batch = [traj([0.0], task={"bad": b}) for b in (None, "raise", "nan", "inf", "str", None)]
-    with caplog.at_level(logging.WARNING, logger="openmanus_rl_core.rewards"):
+    with caplog.at_level(logging.WARNING, logger="openmanus_rl_core.rewards.composer"):
         bds, metrics = c.compose_batch(batch)
         c.compose_batch(batch)  # same composer again: no new warnings
     assert [b.parts["flaky"] for b in bds] == [2.0, 0.0, 0.0, 0.0, 0.0, 2.0]

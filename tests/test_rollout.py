@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from openmanus_rl_core.engines.hf import HFEngine
-from openmanus_rl_core.models import build_tiny_model, build_tokenizer
+from openmanus_rl_core.models.loading import build_tiny_model, build_tokenizer
 from openmanus_rl_core.protocols import Generation, ParsedAction, SamplingParams, StepResult
 from openmanus_rl_core.rollout import (
     AgentLoop,
@@ -376,6 +376,43 @@ def test_empty_reply_is_invalid(tok, env_log):
     assert ep.response_mask == [1]
 
 
+@pytest.mark.parametrize("mode", ["lockstep", "episodes"])
+def test_an_env_that_never_ends_stops_every_episode_at_max_turns(tok, env_log, mode):
+    """max_turns=3 over an env that never says done: every episode has exactly 3 replies, ends as max_turns
+    (no success), with no observation after its last reply, and every env is closed."""
+    log, release = env_log
+    reply = tok.encode("hi there", add_special_tokens=False) + [tok.eos_token_id]
+    engine = CountingEngine(ScriptedEngine(tok, reply))
+    loop = AgentLoop(engine, tok, PlainTemplate(), lambda: CountEnv(log, release, steps=10**6),
+                     RolloutConfig(max_turns=3, max_new_tokens=20, mode=mode))
+    episodes = loop.run(expand_tasks([{"task_id": i, "seed": i} for i in range(3)], 2))
+    assert [e.trajectory.num_turns for e in episodes] == [3] * 6
+    assert [e.trajectory.termination for e in episodes] == ["max_turns"] * 6
+    assert not any(e.trajectory.success for e in episodes)
+    for ep in episodes:
+        assert ep.trajectory.segments[-1][1] == len(ep.response_ids)  # the last reply ends the response
+        assert [t.observation for t in ep.trajectory.turns] == [f"step {k} of 1000000" for k in (1, 2, 3)]
+    assert sum(engine.calls) == 6 * 3
+    assert log["closed"] == log["created"] == 6
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_no_generate_call_gets_more_than_gen_batch_size_prompts(tok, env_log, k):
+    """rollout.mode=episodes, gen_batch_size=k, 7 episodes of 3 turns: every generate call carries at most k
+    prompts (k itself while 7 episodes wait), and together they carry every reply once."""
+    log, release = env_log
+    reply = tok.encode("hi there", add_special_tokens=False) + [tok.eos_token_id]
+    engine = CountingEngine(ScriptedEngine(tok, reply))
+    loop = AgentLoop(engine, tok, PlainTemplate(), lambda: CountEnv(log, release, steps=10**6),
+                     RolloutConfig(max_turns=3, max_new_tokens=20, mode="episodes", gen_batch_size=k,
+                                   gen_wait_ms=50))
+    episodes = loop.run(expand_tasks([{"task_id": i, "seed": i} for i in range(7)], 1))
+    assert all(e.trajectory.num_turns == 3 for e in episodes)
+    assert max(engine.calls) == k, engine.calls
+    assert sum(engine.calls) == loop.stats["gen_rows"] == 7 * 3
+    assert len(engine.calls) == loop.stats["generate_calls"] >= -(-7 * 3 // k)
+
+
 def test_build_batch_tensors(model, tok, env_log):
     loop = make_loop(model, tok, env_log, max_turns=3)
     episodes = loop.run([{"task_id": i, "seed": 0} for i in range(4)])
@@ -433,7 +470,8 @@ def test_rollout_metrics(model, tok, env_log):
 
 
 def test_rollout_section_follows_the_env_and_the_algorithm():
-    from openmanus_rl_core.config import ConfigError, load
+    from openmanus_rl_core.config import ConfigError
+    from openmanus_rl_core.config.loading import load
     from openmanus_rl_core.rollout import sampling_params
 
     c = load(["env=guess_number", "algorithm.n=3"]).rollout
@@ -521,7 +559,7 @@ def test_tokenizer_corpus_uses_the_oracle():
 
 
 def test_builtin_key_door_with_react_template(model, tok, env_log):
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.plugin.registry import registry
 
     try:
         template = registry("template").build("react")
@@ -542,7 +580,7 @@ def test_builtin_key_door_with_react_template(model, tok, env_log):
 
 @pytest.mark.parametrize("mode", ["lockstep", "episodes"])
 def test_a_stop_abandons_the_rollout_while_an_env_call_hangs(model, tok, env_log, mode):
-    from openmanus_rl_core.stopping import Abandoned
+    from openmanus_rl_core.process.stopping import Abandoned
 
     loop = make_loop(model, tok, env_log, mode=mode, env_timeout_s=20.0)
     t0 = time.monotonic()

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from openmanus_rl_core.commands.rollout import load_task_rows, rollout, write_html
+from openmanus_rl_core.commands.rollout import load_task_rows, rollout
+from openmanus_rl_core.rollout.records import write_html
 
 # Small and fast: the embedded tiny model shrunk further, short replies.
 FAST = [
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def _compose(overrides):
     """The checked, typed config as the CLI hands it to the job."""
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
 
     return load(["env=key_door", *FAST, *overrides], training=False)
 

@@ -1,4 +1,4 @@
-"""Shared prompts (openmanus_rl_core/shared_prompt.py): a prompt several rows share runs once, in the engine's
+"""Shared prompts (openmanus_rl_core/models/shared_prompt.py): a prompt several rows share runs once, in the engine's
 prefill and in the actor's log-probs and update, and the results equal those of the rows run one by one; a slip
 in which rows share which prompt shows."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from openmanus_rl_core import shared_prompt
+from openmanus_rl_core.models import shared_prompt
 from openmanus_rl_core.engines import hf as hf_engine
-from openmanus_rl_core.shared_prompt import shared_prefixes
+from openmanus_rl_core.models.shared_prompt import shared_prefixes
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -166,9 +166,9 @@ def test_the_sharding_choices_with_shared_prompts_equal_the_rows_run_one_by_one(
 def test_the_engine_prefills_each_shared_start_once_and_samples_the_same(model_dir, monkeypatch, case):
     """``groups``: two prompts, 3 and 5 samples each. ``turns``: 8 prompts that start with the same system prompt
     and task, then differ (per-turn prompts), and one that shares nothing."""
-    from openmanus_rl_core.models import load_model_and_tokenizer
+    from openmanus_rl_core.models.loading import load_model_and_tokenizer
     from openmanus_rl_core.protocols import SamplingParams
-    from openmanus_rl_core.schema import ModelConfig
+    from openmanus_rl_core.config.schema import ModelConfig
 
     model, tok = load_model_and_tokenizer(ModelConfig(path=model_dir), [])
     if case == "groups":

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from openmanus_rl_core.stopping import StopOnSignal
+from openmanus_rl_core.process.stopping import StopOnSignal
 from test_resume_config import SMALL
 
 CLI = str(Path(sys.executable).parent / "openmanus-rl")
@@ -144,7 +144,7 @@ def test_sigterm_in_the_warm_up_then_the_printed_command_continues_the_same_run(
 
 
 def torch_load_meta(path: Path) -> dict:
-    from openmanus_rl_core.checkpoint import open_checkpoint
+    from openmanus_rl_core.checkpoint.store import open_checkpoint
 
     return open_checkpoint(str(path), keys=["meta"])[1]["meta"]
 
@@ -194,8 +194,8 @@ def test_a_run_that_does_not_stop_within_the_grace_period_exits_then(monkeypatch
 
 
 def test_an_abandoned_rollout_draws_its_tasks_again_and_a_stopped_validation_keeps_its_step():
-    from openmanus_rl_core.task_sampler import TaskSampler
-    from openmanus_rl_core.stopping import Abandoned
+    from openmanus_rl_core.data.sampler import TaskSampler
+    from openmanus_rl_core.process.stopping import Abandoned
 
     logged = []
     stop = StopOnSignal(logged.append)

@@ -15,7 +15,7 @@ from openmanus_rl_core.algorithms.correction import truncated_is_weights
 from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter, has_spread, keep_groups
 from openmanus_rl_core.rollout.staleness import Admission, group_staleness
 from openmanus_rl_core.rollout.stream import GroupStream
-from openmanus_rl_core.schema import RolloutConfig
+from openmanus_rl_core.config.schema import RolloutConfig
 
 LOG = math.log
 PROX = torch.tensor([[LOG(0.5), LOG(0.2), LOG(0.9), 0.0]])
@@ -201,6 +201,82 @@ def test_dynamic_sampling_in_the_stream_keeps_only_groups_with_spread_and_bounds
     assert actor.submitted <= (1 + 6 + 1) * B + 6 * extra
 
 
+class ScriptedActor:
+    """The actor group as the stream sees it, scripted: group ``gid`` completes at the ``ticks.get(gid, 1)``-th
+    ``stream_take`` after its submission (one tick per take), every token of it under the version current at its
+    submission (``version``, set by the test as the weight sync would)."""
+
+    size = 1
+
+    def __init__(self, ticks: dict[str, int]):
+        self.ticks = ticks
+        self.version = 0
+        self.running: list[list] = []  # [takes left, episodes]
+
+    def call(self, method, **kw):
+        if method != "stream_take":
+            return [None]
+        for g in self.running:
+            g[0] -= 1
+        done = [eps for left, eps in self.running if left == 0]
+        self.running = [g for g in self.running if g[0] > 0]
+        return [{"groups": done, "stats": {}}]
+
+    def call_each(self, method, args):
+        assert method == "stream_submit"
+        for (groups,) in args:
+            for tasks in groups:
+                gid = tasks[0]["group_id"]
+                eps = [SimpleNamespace(group_id=gid, versions=[self.version] * 3,
+                                       trajectory=SimpleNamespace(num_turns=1, success=True)) for _ in tasks]
+                self.running.append([self.ticks.get(gid, 1), eps])
+
+
+def _scripted_steps(ticks: dict[str, int], steps: int, B: int = 2, eta: int = 2) -> list[tuple[list, dict]]:
+    """``steps`` batches of a stream (B groups of 2, eta, the wait policy) over :class:`ScriptedActor`: each
+    step's trained groups, sorted, and its metrics; every trained group is checked against eta on its own."""
+    actor = ScriptedActor(ticks)
+    stream = GroupStream(actor, RolloutConfig(n=2, max_staleness=eta), _tasks, B)
+    out = []
+    for v in range(steps):
+        actor.version = v
+        metrics: dict = {}
+        eps = stream.next_batch(v, metrics)
+        gids = sorted({e.group_id for e in eps})
+        for gid in gids:
+            assert group_staleness([e.versions for e in eps if e.group_id == gid], v) <= eta, (v, gid)
+        assert metrics["stream/staleness_max"] <= eta
+        out.append((gids, metrics))
+    return out
+
+
+def test_more_than_b_urgent_groups_train_none_staler_than_eta_and_count_the_extra_as_dropped():
+    """B=2, eta=2: s0..s5 start at version 0, s0-s2 run 3 takes, the rest 1. Version 0 trains s3, s4; version 1
+    the oldest complete, s5, and s6 (started at 1); at version 2 three groups started at 0 are urgent: the oldest
+    two go, and s2, 3 versions old at version 3, is dropped there (counted once) and never trained; the step
+    still trains B groups, from those ready."""
+    steps = _scripted_steps({"s0": 3, "s1": 3, "s2": 3, "s8": 2, "s9": 2}, steps=5)
+    trained = [gids for gids, _ in steps]
+    dropped = [m["rollout/groups_dropped"] for _, m in steps]
+    assert trained[:3] == [["s3", "s4"], ["s5", "s6"], ["s0", "s1"]]
+    assert [m["stream/staleness_max"] for _, m in steps[:3]] == [0.0, 1.0, 2.0]
+    assert dropped == [0.0, 0.0, 0.0, 1.0, 0.0]
+    assert all(len(gids) == 2 for gids in trained)
+    assert "s2" not in {g for gids in trained for g in gids}
+
+
+def test_stale_leftovers_do_not_empty_a_step_while_fresh_groups_are_ready():
+    """B=2, eta=2, four groups started at version 0 outlast versions 0 and 1: at version 2 the oldest two go, and
+    at version 3 the other two are 3 versions old. They are dropped (2), and the step trains the fresh groups that
+    are ready instead (before, it took the two stale ones, dropped both, and failed with no group to train)."""
+    steps = _scripted_steps({"s0": 3, "s1": 3, "s2": 3, "s3": 3, "s8": 2, "s9": 2}, steps=5)
+    trained = [gids for gids, _ in steps]
+    assert trained[2] == ["s0", "s1"]
+    assert [m["rollout/groups_dropped"] for _, m in steps] == [0.0, 0.0, 0.0, 2.0, 0.0]
+    assert all(len(gids) == 2 for gids in trained)
+    assert not {"s2", "s3"} & {g for gids in trained for g in gids}
+
+
 def test_admission_rule_counts():
     adm = Admission(batch_groups=2, max_staleness=1)
     for _ in range(4):  # (1 + 0 + 1) * 2
@@ -220,11 +296,11 @@ def test_admission_rule_counts():
 def test_each_token_records_the_version_that_generated_it_across_a_weight_update():
     """A partial rollout: the first reply is generated under version 0, then new weights (version 1) land at the
     turn boundary; the second reply's tokens record 1, the first's keep 0, observation tokens -1."""
-    from openmanus_rl_core.registry import build, registry
+    from openmanus_rl_core.plugin.registry import build, registry
     from openmanus_rl_core.rollout import AgentLoop, expand_tasks
     from openmanus_rl_core.rollout.stream import _LockedEngine
     from openmanus_rl_core.rollout.episodes import EpisodeRunner
-    from openmanus_rl_core.models import build_tokenizer
+    from openmanus_rl_core.models.loading import build_tokenizer
     from openmanus_rl_core.testing.envs import _OracleEngine
 
     import threading
@@ -277,8 +353,8 @@ def test_the_stream_thread_generates_with_the_ranks_thread_count():
 
     import torch
 
-    from openmanus_rl_core.models import build_tokenizer
-    from openmanus_rl_core.registry import build, registry
+    from openmanus_rl_core.models.loading import build_tokenizer
+    from openmanus_rl_core.plugin.registry import build, registry
     from openmanus_rl_core.rollout import AgentLoop
     from openmanus_rl_core.rollout.stream import RankStream
     from openmanus_rl_core.testing.envs import _OracleEngine
@@ -369,8 +445,8 @@ def test_the_stream_default_takes_the_ppo_ratio_against_the_engine_log_probs(cor
     """algorithm.rollout_correction=behaviour (auto in the stream): old_log_probs are the engine's sampling
     log-probs, so the PPO clip bounds how far an update moves from the policy that sampled."""
     from openmanus_rl_core.algorithms.correction import correction_mode
-    from openmanus_rl_core.schema import AlgorithmConfig
-    from openmanus_rl_core.trainer import Trainer
+    from openmanus_rl_core.config.schema import AlgorithmConfig
+    from openmanus_rl_core.run.trainer import Trainer
 
     stream, plain = RolloutConfig(max_staleness=2), RolloutConfig()
     assert correction_mode(AlgorithmConfig(), stream) == "behaviour"

@@ -160,8 +160,8 @@ def test_thirdparty_plugin_is_found_selected_used_and_gone_after_uninstall(throw
 
     # 3. used: compose, build every component by name, run an oracle episode, score and allocate it
     script = textwrap.dedent(f"""
-        from openmanus_rl_core.config import compose
-        from openmanus_rl_core.registry import registry
+        from openmanus_rl_core.config.loading import compose
+        from openmanus_rl_core.plugin.registry import registry
         from openmanus_rl_core.protocols import Trajectory, Turn
         cfg = compose(["env=tp_countdown"])
         env = registry("env").build(cfg.env.name, **cfg.env.kwargs)
@@ -243,7 +243,7 @@ def test_a_plugin_that_exits_on_import_is_reported_and_ends_no_command(throwaway
 
     # using the broken component raises that error in the caller, which goes on
     script = textwrap.dedent("""
-        from openmanus_rl_core.registry import PluginLoadError, registry
+        from openmanus_rl_core.plugin.registry import PluginLoadError, registry
         try:
             registry("env").get("exiting_env")
         except PluginLoadError as exc:

@@ -1,5 +1,6 @@
 """End-to-end training runs (a few steps, the smallest model): GRPO on the multi-turn env, PPO with the critic,
-NaN skipping, checkpoints, kill -9 and resume (deterministic on CPU), and `openmanus-rl eval`."""
+NaN skipping, checkpoints, lockstep dynamic sampling, the group stream at eta=2 and gen_batch_size, kill -9 and
+resume (deterministic on CPU), and `openmanus-rl eval`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from openmanus_rl_core.config import compose
+from openmanus_rl_core.config.loading import compose
 
 # The smallest useful run: a one-layer 32-wide model, 4 tasks x 4 samples, a 2-step warm-up.
 SMALL = [
@@ -85,7 +86,7 @@ def test_grpo_on_the_multi_turn_env_writes_metrics_and_checkpoints(grpo_run):
 
 @pytest.mark.slow
 def test_checkpoint_loads_with_weights_only_and_holds_the_run_state(grpo_run):
-    from openmanus_rl_core.checkpoint import load_checkpoint
+    from openmanus_rl_core.checkpoint.store import load_checkpoint
 
     state = load_checkpoint(grpo_run / "checkpoints" / "step_000003")  # torch.load(weights_only=True) inside
     assert {"model", "optimizer", "scheduler", "rng", "sampler", "trainer"} <= set(state)
@@ -154,7 +155,7 @@ def test_a_run_without_learning_signal_says_so(ray_local, tmp_path, capsys, monk
     Also: the driver hid its set-up objects from the garbage collector for the run, and gave them back at the end."""
     import gc
 
-    from openmanus_rl_core import heap
+    from openmanus_rl_core.process import heap
     from openmanus_rl_core.commands.train import train
 
     frozen, freeze = [], heap.freeze
@@ -180,7 +181,7 @@ def test_a_run_without_learning_signal_says_so(ray_local, tmp_path, capsys, monk
 def test_a_lora_run_and_its_eval_agree(ray_local, tmp_path, capsys):
     """LoRA through the trainer: only adapters in the checkpoint change, and eval (which merges them into the
     plain model for its engine) reproduces the run's final validation exactly."""
-    from openmanus_rl_core.checkpoint import load_checkpoint
+    from openmanus_rl_core.checkpoint.store import load_checkpoint
     from openmanus_rl_core.commands.eval import evaluate
     from openmanus_rl_core.commands.train import train
 
@@ -203,7 +204,7 @@ def test_a_lora_run_and_its_eval_agree(ray_local, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_ppo_with_the_critic_trains_a_few_steps(ray_local, tmp_path):
-    from openmanus_rl_core.checkpoint import load_checkpoint
+    from openmanus_rl_core.checkpoint.store import load_checkpoint
     from openmanus_rl_core.commands.train import train
 
     run_dir = tmp_path / "ppo"
@@ -228,7 +229,7 @@ class _RecordingEstimator:
     """Wraps the configured advantage estimator; keeps the batch it receives and the advantages it returns."""
 
     def __init__(self, monkeypatch):
-        from openmanus_rl_core.registry import registry
+        from openmanus_rl_core.plugin.registry import registry
 
         self.calls: list[dict] = []
         real_get = registry("advantage").get
@@ -304,6 +305,93 @@ def test_auto_old_log_probs_are_recomputed_for_a_multi_epoch_update(ray_local, t
     assert abs(record["actor/ppo_kl"]) > 0
     assert record["train/advantages_abs_mean"] == pytest.approx(_masked_abs_mean(seen["advantages"], mask),
                                                                 rel=1e-6)
+
+
+# -------------------------------------------------------------- options only a real run reaches, for real
+def _recording_trainer(path: Path) -> type:
+    """A Trainer whose actor ranks append the size of every generate call to ``path``, one line each (the
+    classes are made in a function, so Ray ships them by value)."""
+    from openmanus_rl_core.run.trainer import Trainer
+    from openmanus_rl_core.workers import ActorWorker
+
+    class RecordingActor(ActorWorker):
+        def setup(self, *args, **kwargs):
+            out = super().setup(*args, **kwargs)
+            generate = self.engine.generate
+
+            def recorded(prompts, params):
+                with open(path, "a") as f:  # one short append per call: ranks and threads do not interleave
+                    f.write(f"{len(prompts)}\n")
+                return generate(prompts, params)
+
+            self.engine.generate = recorded
+            return out
+
+    class RecordingTrainer(Trainer):
+        def worker_classes(self):
+            return RecordingActor, super().worker_classes()[1]
+
+    return RecordingTrainer
+
+
+def _recorded_run(tmp_path: Path, steps: int, overrides: list[str]) -> tuple[list[dict], list[int]]:
+    """``steps`` GRPO steps on key_door, untrained (no warm-up, no validation, no checkpoint); the steps' metrics
+    and the size of every generate call."""
+    from fault_injection import fit
+
+    run_dir, sizes = tmp_path / "run", tmp_path / "generate_sizes.txt"
+    cfg = compose(["env=key_door", "algorithm=grpo", *SMALL, "warmup.enabled=false", f"trainer.total_steps={steps}",
+                   "trainer.val_freq=0", "trainer.val_before_train=false", "trainer.val_at_end=false",
+                   "trainer.save_freq=0", "trainer.save_at_end=false", f"trainer.run_dir={run_dir}", *overrides])
+    fit(_recording_trainer(sizes), cfg)
+    return [r for r in _records(run_dir) if r["step"] > 0], [int(x) for x in sizes.read_text().split()]
+
+
+SPREAD_REWARD = """
+import zlib
+
+
+def compute_score(solution_str, ground_truth, trajectory=None, **kwargs):
+    # Even tasks: a score that differs between the samples of a group (their replies differ); odd ones: 0 for all.
+    return 0.0 if trajectory.task_id % 2 else zlib.crc32(solution_str.encode()) % 1000 / 1000
+"""
+
+
+@pytest.mark.slow
+def test_lockstep_dynamic_sampling_trains_b_groups_of_n_with_generate_calls_of_at_most_gen_batch_size(
+        ray_local, tmp_path):
+    """algorithm.filter_groups with episodes on their own (rollout.mode=episodes, gen_batch_size=3). The untrained
+    model never succeeds, so the default reward is one value per group; a reward file adds spread to the groups of
+    even tasks only. Each step plays 4 rows, drops the groups without spread, plays more in their place (at most
+    max_extra_groups=6) and trains exactly 4 groups of 4; no generate call gets more than 3 prompts."""
+    (tmp_path / "spread.py").write_text(SPREAD_REWARD)
+    steps, sizes = _recorded_run(tmp_path, 2, [
+        "rollout.mode=episodes", "rollout.gen_batch_size=3", "algorithm.filter_groups.enabled=true",
+        "algorithm.filter_groups.max_extra_groups=6", f"+reward.components.spread={{path:{tmp_path / 'spread.py'}}}"])
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["perf/samples"] == 4 * 4
+        assert 0 <= r["rollout/groups_extra"] <= 6 and r["rollout/groups_filtered"] <= 4 + r["rollout/groups_extra"]
+        assert r["train/reward_std"] > 0
+    assert sum(r["rollout/groups_filtered"] for r in steps) >= 1  # groups were dropped and replaced
+    assert sizes and max(sizes) == 3, sizes
+
+
+@pytest.mark.slow
+def test_the_group_stream_at_eta_2_trains_nothing_staler_than_2(ray_local, tmp_path):
+    """rollout.max_staleness=2 behind a latency env (gen_batch_size=3), 3 steps: each trains its 4 groups of 4;
+    the first is on-policy and marked; at version 2 the groups admitted at version 0 and not yet trained must go,
+    2 versions old, and nothing trained is older; no generate call gets more than 3 prompts."""
+    steps, sizes = _recorded_run(tmp_path, 3, ["env=latency", "env.kwargs.median_ms=5", "rollout.max_staleness=2",
+                                               "rollout.gen_batch_size=3"])
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for r in steps:
+        assert r["stream/groups"] == 4 and r["perf/samples"] == 4 * 4 and r["rollout/groups_dropped"] == 0
+        assert r["stream/staleness_max"] <= 2
+        assert sum(r[f"stream/staleness_share/{k}"] for k in range(3)) == pytest.approx(1.0)
+    assert [r["stream/first_batch"] for r in steps] == [1.0, 0.0, 0.0]
+    assert steps[0]["stream/staleness_max"] == 0 and steps[2]["stream/staleness_max"] == 2
+    assert sizes and max(sizes) <= 3, sizes
 
 
 # ---------------------------------------------------------------------------------------------- kill -9
@@ -383,7 +471,7 @@ def test_auto_resume_falls_back_from_a_refused_newest_checkpoint(tmp_path, cli_e
     uninterrupted run's."""
     import shutil
 
-    from openmanus_rl_core.checkpoint import _sha256
+    from openmanus_rl_core.checkpoint.store import _sha256
 
     resumed = tmp_path / "resumed"
     shutil.copytree(uninterrupted, resumed)
@@ -450,11 +538,11 @@ def test_each_algorithm_config_feeds_its_estimator_from_a_real_rollout_batch(alg
 
     import dataclasses
 
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
     from openmanus_rl_core.engines.hf import HFEngine
-    from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.registry import build, registry
-    from openmanus_rl_core.rewards import RewardComposer
+    from openmanus_rl_core.models.loading import load_model_and_tokenizer
+    from openmanus_rl_core.plugin.registry import build, registry
+    from openmanus_rl_core.rewards.composer import RewardComposer
     from openmanus_rl_core.rollout import AgentLoop, build_batch, expand_tasks
 
     cfg = load(["env=key_door", f"algorithm={algorithm}", *SMALL])
@@ -480,7 +568,7 @@ def test_each_algorithm_config_feeds_its_estimator_from_a_real_rollout_batch(alg
 
 def test_an_unknown_old_log_probs_mode_is_an_error_naming_the_value(tmp_path):
     from openmanus_rl_core.config import ConfigError
-    from openmanus_rl_core.trainer import Trainer
+    from openmanus_rl_core.run.trainer import Trainer
 
     cfg = compose(["env=word_copy", *SMALL, "algorithm.recompute_old_log_probs=maybe",
                    f"trainer.run_dir={tmp_path / 'run'}"])

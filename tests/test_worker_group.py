@@ -14,7 +14,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from openmanus_rl_core.schema import Config, TrainerConfig  # noqa: E402
+from openmanus_rl_core.config.schema import Config, TrainerConfig  # noqa: E402
 from openmanus_rl_core.distributed.worker_group import WorkerGroup, WorkerGroupError  # noqa: E402
 from openmanus_rl_core.workers import Worker  # noqa: E402
 
@@ -49,7 +49,7 @@ class _SumWorker(Worker):
 
     def until_cancelled(self, limit_s: float = 20.0) -> str:
         """Waits, as an agent loop does between turns, until the driver cancels the call."""
-        from openmanus_rl_core.stopping import cancelled_call
+        from openmanus_rl_core.process.stopping import cancelled_call
 
         cancelled, end = cancelled_call(), time.monotonic() + limit_s
         while not cancelled():
@@ -139,7 +139,7 @@ def test_a_rank_that_died_is_named_rather_than_the_peer_that_raised_because_of_i
 
 
 def test_an_abandoned_call_is_cancelled_on_every_rank_and_frees_them_for_the_next_call(ray_local):
-    from openmanus_rl_core.stopping import Abandoned
+    from openmanus_rl_core.process.stopping import Abandoned
 
     group = _group()
     try:

@@ -16,7 +16,7 @@ from openmanus_rl_core.workers.critic import _value_positions
 
 
 def _cfg(*overrides):
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
 
     return load(["seed=3", "env=word_copy", "template=react", "rollout.max_new_tokens=8", "actor.lr=1e-2",
                  "critic.lr=1e-2", "trainer.device=cpu", *overrides], training=False)
@@ -24,12 +24,12 @@ def _cfg(*overrides):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from openmanus_rl_core.models import load_model_and_tokenizer
+    from openmanus_rl_core.models.loading import load_model_and_tokenizer
 
     d = tmp_path_factory.mktemp("model")
     corpus = ["Say: apple", "<action>apple</action>", "Say: bird", "<action>bird</action>",
               "Reply with the word you are asked to say."] * 3
-    from openmanus_rl_core.schema import ModelConfig, TinyModelConfig
+    from openmanus_rl_core.config.schema import ModelConfig, TinyModelConfig
 
     tiny = TinyModelConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                            intermediate_size=64, initializer_range=0.02)
@@ -211,7 +211,7 @@ def test_a_nan_loss_skips_the_optimizer_step_and_is_counted(actor):
 
 
 def test_a_nan_gradient_from_the_loss_function_is_skipped(actor, monkeypatch):
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.plugin.registry import registry
 
     real = registry("loss").get("ppo_clip")
 
@@ -348,7 +348,7 @@ def test_lora_trains_only_the_adapters_and_syncs_them_into_the_engine(model_dir,
     assert changed and all("lora_" in k for k in changed)
     w.sync_rollout_weights()
     # The engine holds the plain model and got the adapters merged into the base weights.
-    from openmanus_rl_core.models import lora_scaling, merge_lora_state
+    from openmanus_rl_core.models.loading import lora_scaling, merge_lora_state
 
     engine_sd = w.engine.model.state_dict()
     assert not any("lora_" in k or "base_layer" in k for k in engine_sd)

@@ -37,8 +37,8 @@ def build(steps: int = 60, seed: int = 0):
     to open each reply with a think block."""
     import torch
 
-    from openmanus_rl_core.models import build_tiny_model, build_tokenizer
-    from openmanus_rl_core.registry import build as build_component
+    from openmanus_rl_core.models.loading import build_tiny_model, build_tokenizer
+    from openmanus_rl_core.plugin.registry import build as build_component
     from openmanus_rl_core.rollout import tokenizer_corpus
 
     template = build_component("template", {"name": "react", "kwargs": {"think": True}})

@@ -15,7 +15,7 @@ def save_tiny(family: str, folder: Path, chat_template: bool = True, seed: int =
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from openmanus_rl_core.models import build_tokenizer
+    from openmanus_rl_core.models.loading import build_tokenizer
 
     tok = build_tokenizer(TEXTS, vocab_size=400)
     ids = dict(bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)

@@ -70,8 +70,8 @@ def start_alike(batch: Batch, vocab: int, seed: int = 4) -> Batch:
 
 def save_small_model(folder) -> str:
     """A tiny Qwen2 (32 wide) and its tokenizer saved in ``folder``; returns the folder."""
-    from openmanus_rl_core.models import load_model_and_tokenizer
-    from openmanus_rl_core.schema import ModelConfig, TinyModelConfig
+    from openmanus_rl_core.models.loading import load_model_and_tokenizer
+    from openmanus_rl_core.config.schema import ModelConfig, TinyModelConfig
 
     corpus = ["Say: apple", "<action>apple</action>", "Say: bird", "<action>bird</action>"] * 3
     tiny = TinyModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
@@ -82,7 +82,7 @@ def save_small_model(folder) -> str:
 
 def one_rank_worker(model_dir: str, group: tuple, *overrides: str):
     """An in-process :class:`ActorWorker` of one rank on ``group`` (address, port), with the SGD-like overrides."""
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
     from openmanus_rl_core.workers import ActorWorker
 
     w = ActorWorker(load(sgd_like_overrides() + list(overrides), training=False), rank=0, world_size=1,
@@ -105,7 +105,7 @@ def flat_params(worker) -> torch.Tensor:
 
 def _rank(rank: int, world: int, model_dir: str, out: str, ports: list[int], choices: list[str],
           overrides: list[str], group: int, turns: bool, chunks: list[int]) -> None:
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
     from openmanus_rl_core.distributed.sharding import shard_batch
     from openmanus_rl_core.workers import ActorWorker
 

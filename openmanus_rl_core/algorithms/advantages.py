@@ -403,13 +403,3 @@ def compute_gigpo(
     adv = torch.add(episode_adv.unsqueeze(1), token_step_adv, alpha=step_weight)
     keep = m if v is None else m & v.unsqueeze(1)
     return torch.where(keep, adv, torch.zeros((), dtype=dtype, device=device))
-
-
-
-def __getattr__(name: str) -> Any:
-    """The registered entry points moved to :mod:`.estimators`; ``advantages.grpo_estimator`` still finds them."""
-    if name.endswith("_estimator"):
-        from . import estimators
-
-        return getattr(estimators, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

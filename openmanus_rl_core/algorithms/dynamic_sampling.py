@@ -43,3 +43,29 @@ def keep_groups(episodes: Sequence[Any], accept: Callable[[Sequence[Trajectory]]
         groups.setdefault(ep.group_id, []).append(ep)
     kept = [eps for eps in groups.values() if accept([e.trajectory for e in eps])]
     return [e for eps in kept for e in eps], len(groups) - len(kept)
+
+
+def fill_batch(play: Callable[[list[dict], int], list], next_rows: Callable[..., list[dict]], n: int,
+               accept: Callable[[Sequence[Trajectory]], bool], max_extra_groups: int,
+               metrics: dict[str, float]) -> list:
+    """A lockstep step's episodes: B task rows (``next_rows()``) played (``play(rows, first_row_index)``), the
+    groups without spread dropped, and more rows played in their place -- as many as the acceptance rate so far
+    says are needed, at most ``max_extra_groups`` in all -- until B groups of ``n`` are kept. If none is kept, the
+    first B groups of the last rows played (zero advantage: nothing to learn, but the step stays counted). Adds
+    ``rollout/groups_filtered`` and ``rollout/groups_extra`` to ``metrics``."""
+    rows = next_rows()
+    episodes = play(rows, 0)
+    B, played = len(rows), len(rows)
+    kept, filtered = keep_groups(episodes, accept)
+    while len(kept) < B * n and played - B < max_extra_groups:
+        accepted = len(kept) // n
+        want = -(-(B - accepted) * played // max(accepted, 1))  # rows to play at the acceptance rate so far
+        more = next_rows(min(want, max_extra_groups - (played - B)))
+        episodes = play(more, played)
+        played += len(more)
+        k, f = keep_groups(episodes, accept)
+        kept, filtered = kept + k, filtered + f
+    metrics["rollout/groups_filtered"] = float(filtered)
+    metrics["rollout/groups_extra"] = float(played - B)
+    # The last refill may have played more than B rows: the step never trains more than B groups.
+    return kept[:B * n] if kept else episodes[:B * n]

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from openmanus_rl_core.schema import OptimConfig
+from openmanus_rl_core.config.schema import OptimConfig
 
 
 def make_lr_lambda(schedule: str, total_steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.0):

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 
 import pyarrow.parquet as pq
 
-from openmanus_rl_core.data import DataError, load_tasks
-from openmanus_rl_core.task_generation import write_split_files
+from openmanus_rl_core.data.tasks import DataError, load_tasks
+from openmanus_rl_core.data.generation import write_split_files
 
 
 def make(cfg: Any) -> int:
@@ -32,8 +32,8 @@ def verify(cfg: Any) -> int:
     failing row (index, ``item_id``, why); exits 1 when any row fails (a row without a demonstration fails too),
     so a script can stop on a dataset that does not agree with the env version.
     """
-    from openmanus_rl_core.envs import open_env_service
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.plugin.envs import open_env_service
+    from openmanus_rl_core.plugin.registry import registry
     from openmanus_rl_core.rollout import start_task
 
     files = cfg.data.val_files
@@ -131,8 +131,8 @@ def from_rollouts(cfg: Any) -> int:
     """
     import pyarrow as pa
 
-    from openmanus_rl_core.openmanus_layout import OPENMANUS_SCHEMA
-    from openmanus_rl_core.registry import build
+    from openmanus_rl_core.data.openmanus_layout import OPENMANUS_SCHEMA
+    from openmanus_rl_core.plugin.registry import build
 
     if not cfg.data.rollouts:
         raise DataError("data from-rollouts needs data.rollouts=<the rollout's folder or its trajectories.jsonl>")

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from openmanus_rl_core.config import ConfigError, check
-from openmanus_rl_core.metrics import mean, success_interval
-from openmanus_rl_core.trainer import quiet_transformers, seed_all
+from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.config.loading import check
+from openmanus_rl_core.run.metrics import mean, success_interval
+from openmanus_rl_core.run.setup import quiet_transformers, seed_all
 
 
 def evaluate(cfg: Any, overrides: Sequence[str] = ()) -> int:
@@ -23,7 +24,7 @@ def evaluate(cfg: Any, overrides: Sequence[str] = ()) -> int:
 def score(cfg: Any, overrides: Sequence[str] = (), rewards: Sequence[Any] = ()) -> dict:
     """``openmanus-rl eval trainer.checkpoint=<checkpoint or run dir>``: run the env's validation tasks.
     ``rewards``: reward components given as Python callables; a run trained with some must be given them again
-    (:mod:`~openmanus_rl_core.python_rewards`).
+    (:mod:`~openmanus_rl_core.rewards.callables`).
 
     From a checkpoint, the env, template, reward, allocator and model are the run's own except where
     ``overrides`` (the command line) name them (:mod:`.from_run`). The policy (the checkpoint's weights on the run's
@@ -34,14 +35,14 @@ def score(cfg: Any, overrides: Sequence[str] = (), rewards: Sequence[Any] = ()) 
     import torch
 
     from openmanus_rl_core.commands.from_run import adopt_run_config, load_policy
-    from openmanus_rl_core.python_rewards import take_again
-    from openmanus_rl_core.data import load_tasks, require_tasks
+    from openmanus_rl_core.rewards.callables import take_again
+    from openmanus_rl_core.data.tasks import load_tasks, require_tasks
     from openmanus_rl_core.engines import preflight
-    from openmanus_rl_core.envs import open_env_service
-    from openmanus_rl_core.registry import build, registry
-    from openmanus_rl_core.rewards import RewardComposer
+    from openmanus_rl_core.plugin.envs import open_env_service
+    from openmanus_rl_core.plugin.registry import build, registry
+    from openmanus_rl_core.rewards.composer import RewardComposer
     from openmanus_rl_core.rollout import AgentLoop, expand_tasks
-    from openmanus_rl_core.task_generation import ensure_task_files
+    from openmanus_rl_core.data.generation import ensure_task_files
 
     quiet_transformers()
     c, ckpt = adopt_run_config(check(cfg, training=False), overrides, run_validation=True)

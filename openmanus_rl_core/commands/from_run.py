@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from openmanus_rl_core.python_rewards import RECORD_KEY
-from openmanus_rl_core.schema import Config
+from openmanus_rl_core.rewards.callables import RECORD_KEY
+from openmanus_rl_core.config.schema import Config
 
 # The sections a run's checkpoint decides, in the order they are reported.
 FROM_RUN = ("env", "template", "reward", "allocator", "memory", "model")
@@ -50,8 +50,8 @@ def adopt_run_config(c: Config, overrides: Sequence[str], log: Callable[[str], N
     own); ``(c, None)`` without ``trainer.checkpoint``."""
     from omegaconf import OmegaConf
 
-    from openmanus_rl_core.checkpoint import open_checkpoint
-    from openmanus_rl_core.config import check
+    from openmanus_rl_core.checkpoint.store import open_checkpoint
+    from openmanus_rl_core.config.loading import check
 
     if not c.trainer.checkpoint:
         return c, None
@@ -122,7 +122,7 @@ def load_policy(c: Config, ckpt: RunCheckpoint | None, tokenizer_only: bool = Fa
     neither is given. ``tokenizer_only`` (an engine that serves its model elsewhere): ``(None, tokenizer, None)``."""
     from transformers import AutoModelForCausalLM
 
-    from openmanus_rl_core.models import _dtype, load_tokenizer, lora_scaling, merge_lora_state, transposed_modules
+    from openmanus_rl_core.models.loading import _dtype, load_tokenizer, lora_scaling, merge_lora_state, transposed_modules
 
     if ckpt is not None:  # the checkpoint's weights on model.path (a moved run's folder) or the run's own folder
         model_dir = str(Path(c.model.path).expanduser()) if c.model.path else _model_dir(ckpt.path, ckpt.model_dir)

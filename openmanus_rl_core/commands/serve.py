@@ -12,8 +12,9 @@ import signal
 import threading
 from typing import Any, Sequence
 
-from openmanus_rl_core.config import ConfigError, check
-from openmanus_rl_core.trainer import quiet_transformers, seed_all
+from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.config.loading import check
+from openmanus_rl_core.run.setup import quiet_transformers, seed_all
 
 
 def serve(cfg: Any, overrides: Sequence[str] = (), ready: Any = None) -> int:
@@ -22,7 +23,7 @@ def serve(cfg: Any, overrides: Sequence[str] = (), ready: Any = None) -> int:
 
     from openmanus_rl_core.commands.from_run import adopt_run_config, load_policy
     from openmanus_rl_core.gateway.server import Gateway
-    from openmanus_rl_core.registry import build
+    from openmanus_rl_core.plugin.registry import build
 
     quiet_transformers()
     c, ckpt = adopt_run_config(check(cfg, training=False), overrides)

@@ -1,4 +1,4 @@
-"""``openmanus-rl train``: the fit loop of :class:`~openmanus_rl_core.trainer.Trainer`, with a summary at the end."""
+"""``openmanus-rl train``: the fit loop of :class:`~openmanus_rl_core.run.trainer.Trainer`, with a summary at the end."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import signal
 import time
 from typing import Any, Mapping, Sequence
 
-from openmanus_rl_core.checkpoint import list_checkpoints, step_of
-from openmanus_rl_core.resume_config import record_changes
-from openmanus_rl_core.stopping import Abandoned
-from openmanus_rl_core.trainer import Trainer
+from openmanus_rl_core.checkpoint.store import list_checkpoints, step_of
+from openmanus_rl_core.config.resume import record_changes
+from openmanus_rl_core.process.stopping import Abandoned
+from openmanus_rl_core.run.trainer import Trainer
 
 
 def train(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None) -> int:
     """``openmanus-rl train``: run the fit loop; prints the run directory first and a summary at the end.
-    ``changes``: the keys a resume changes (:mod:`openmanus_rl_core.resume_config`), recorded in the run's config
+    ``changes``: the keys a resume changes (:mod:`openmanus_rl_core.config.resume`), recorded in the run's config
     history with the step they take effect in."""
     return run(cfg, changes)[0]
 
@@ -36,9 +36,9 @@ def quiet_ray_auth_notice() -> None:
 def run(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None,
         rewards: Sequence[Any] = ()) -> tuple[int, dict, Trainer]:
     """``(exit status, final metrics, trainer)`` of a training run; ``rewards``: reward components given as Python
-    callables (:class:`~openmanus_rl_core.rewards.ComponentSpec`), next to the configured ones."""
+    callables (:class:`~openmanus_rl_core.rewards.composer.ComponentSpec`), next to the configured ones."""
     from openmanus_rl_core.config import ConfigError
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.plugin.registry import registry
 
     if getattr(registry("engine").get(cfg.rollout.engine), "trainable", True) is False:
         raise ConfigError(f"rollout.engine={cfg.rollout.engine}: this engine cannot be trained (its model is served "

@@ -62,9 +62,9 @@ def start_ray(address: str | None, num_cpus: int, **init_kwargs: Any) -> None:
     so a terminated run shuts Ray down like one that ends or fails. A caller that had its own SIGTERM handler (a
     training run's stop) gets it back, and gets a SIGTERM that came while Ray started (Ray's init exits on it).
     """
-    from openmanus_rl_core.guard import DRIVER_ENV
+    from openmanus_rl_core.process.guard import DRIVER_ENV
 
-    if not address:  # the local node's workers inherit it: what they launch dies with this driver (guard.py)
+    if not address:  # the local node's workers inherit it: what they launch dies with this driver (process/guard.py)
         os.environ[DRIVER_ENV] = str(os.getpid())
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGTERM) if main else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from openmanus_rl_core.distributed.worker_group import WorkerGroup
-from openmanus_rl_core.schema import Config, TrainerConfig
+from openmanus_rl_core.config.schema import Config, TrainerConfig
 
 
 def ensure_ray(tcfg: TrainerConfig) -> bool:

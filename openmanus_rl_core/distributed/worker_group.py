@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from openmanus_rl_core.schema import Config
+from openmanus_rl_core.config.schema import Config
 
 
 class WorkerGroupError(RuntimeError):
@@ -51,7 +51,7 @@ ABANDON_POLL_S = 0.1
 
 
 def _abandoned(group: str, method: str) -> Exception:
-    from openmanus_rl_core.stopping import Abandoned
+    from openmanus_rl_core.process.stopping import Abandoned
 
     return Abandoned(f"{group}.{method} abandoned: the run is stopping")
 
@@ -116,8 +116,8 @@ class WorkerGroup:
     def call_each(self, method: str, per_rank_args: Sequence[tuple], *, abandon: Callable[[], bool] | None = None,
                   **kwargs: Any) -> list:
         """``abandon``: checked while the ranks run; once it is true the calls still running are cancelled (a method
-        that checks :func:`openmanus_rl_core.stopping.cancelled_call` gives up) and
-        :class:`~openmanus_rl_core.stopping.Abandoned` is raised."""
+        that checks :func:`openmanus_rl_core.process.stopping.cancelled_call` gives up) and
+        :class:`~openmanus_rl_core.process.stopping.Abandoned` is raised."""
         if len(per_rank_args) != self.size:
             raise ValueError(f"{self.name}.{method}: got {len(per_rank_args)} argument sets for {self.size} ranks")
         if abandon is not None and abandon():

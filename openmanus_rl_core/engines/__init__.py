@@ -20,7 +20,7 @@ class EngineUnavailableError(RuntimeError):
 def preflight(name: str, kwargs: Mapping[str, Any]) -> None:
     """Run the engine's own start-up check (a classmethod ``preflight(**kwargs)``, e.g. a served model's server must
     answer) before the command loads anything heavy; engines without one are checked when they are built."""
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.plugin.registry import registry
 
     check = getattr(registry("engine").get(name), "preflight", None)
     if check is not None:

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 from openmanus_rl_core.engines import check_prompts
-from openmanus_rl_core.models import avoid_cudnn_attention, cache_keyword
+from openmanus_rl_core.models.loading import avoid_cudnn_attention, cache_keyword
 from openmanus_rl_core.protocols import Generation, SamplingParams
-from openmanus_rl_core import shared_prompt
+from openmanus_rl_core.models import shared_prompt
 from openmanus_rl_core.engines.fast_decode import FastDecode
 from openmanus_rl_core.engines.prefix_cache import PrefixCache
 
@@ -200,7 +200,7 @@ class HFEngine:
 
         - every prompt whole;
         - prompts that start alike (a GRPO group's samples; per-turn prompts of one task) run that start once, then
-          each prompt's rest on the repeated cache (:mod:`openmanus_rl_core.shared_prompt`);
+          each prompt's rest on the repeated cache (:mod:`openmanus_rl_core.models.shared_prompt`);
         - each prompt's rest after its prefix found in the prefix cache (``hits``: :meth:`PrefixCache.match` per
           prompt), on those cached keys and values (:meth:`_prefill_cached`)."""
         from transformers import DynamicCache

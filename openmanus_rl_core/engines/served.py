@@ -1,59 +1,27 @@
-"""``openai``: a rollout engine that asks a model served behind an OpenAI-compatible HTTP API (vLLM's or SGLang's
-server, TGI, a hosted API) for its replies. For ``rollout`` and ``eval`` only: it holds no weights and is given no
-token log-probabilities, so ``train`` refuses it (``trainable = False``).
-
-    openmanus-rl rollout env=key_door model.path=exported/ rollout.engine=openai \\
-        rollout.engine_kwargs.base_url=http://127.0.0.1:8000/v1 rollout.engine_kwargs.model=NAME
-
-Requests, per prompt of a :meth:`OpenAIEngine.generate` call (at most ``max_concurrency`` in flight):
-
-- ``api=completions``: ``POST {base_url}/completions`` with the prompt's token ids (``prompt_as=ids``: exactly the
-  tokens the rollout built; vLLM and SGLang accept them) or their decoding (``prompt_as=text``);
-- ``api=chat``: ``POST {base_url}/chat/completions`` with the chat messages recovered from the prompt by the run's
-  chat template (:class:`ChatSplit`), for servers that only speak chat.
-
-Sampling: ``temperature`` (0 when greedy), ``top_p``, ``max_tokens = max_new_tokens``, ``stop``, and ``top_k`` when
-it is set (a vLLM / SGLang extension). ``extra_body`` is merged into every request (e.g. ``{"seed": 1}``).
-
-The reply: an OpenAI server leaves the matched stop string out of the text; the project keeps it (templates parse
-``...</action>``), so it is put back: the one the server names (vLLM's ``stop_reason``, SGLang's ``matched_stop``),
-else, when the request had a single stop string and the server names none, that one. ``token_ids`` are the reply's
-tokens under the run's tokenizer (``tokenizer.encode(text)``) and ``logprobs`` are 0: the trajectories then have the
-layout the other engines give, and nobody trains on them.
-
-Faults: each request has a whole-request deadline ``timeout_s`` (also for a body that trickles in and never ends);
-connection failures, timeouts, HTTP 408/409/429/5xx are retried ``max_retries`` times with exponential backoff
-(``backoff_s * 2**attempt``, or the server's ``Retry-After`` up to ``max_backoff_s``). What retrying cannot fix (a 4xx,
-an answer that is not JSON or has no choice) raises :class:`ServedModelError`: one line with the URL and the reason.
-At construction ``GET {base_url}/models`` must answer within ``connect_timeout_s`` (and list ``model`` when it lists
-names); a server that does not answer raises :class:`~openmanus_rl_core.engines.EngineUnavailableError` naming the URL,
-so the command ends before any episode runs.
-
-The API key: ``api_key_env`` names an environment variable; its value is read here, sent only as the
-``Authorization`` header, and kept out of every message, log, ``repr`` and saved config (the config holds the
-variable's name).
+"""``openai``: replies from a model served behind an OpenAI-compatible API (vLLM, SGLang, TGI, a hosted API), asked
+through the ``openai`` SDK, for ``rollout`` and ``eval`` (no weights, no log-probs). The SDK retries (waiting out
+``Retry-After``), backs off and times out; this module adds a deadline on each whole attempt, the start-up check of
+the server, the stop string put back, and one-line errors naming the URL. Settings and faults: docs/served-models.md.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
+import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from typing import Any
 
-import requests
+import httpx
 
 from openmanus_rl_core.engines import EngineUnavailableError, check_prompts
 from openmanus_rl_core.protocols import Generation, SamplingParams
 
 __all__ = ["OpenAIEngine", "ServedModelError", "ChatSplit"]
-
-RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
-
 
 # How a completions request carries the prompt: ``prompt_as`` -> (tokenizer, token ids) -> the body's ``prompt``.
 PROMPT_FORMS: dict[str, Callable[[Any, Sequence[int]], Any]] = {
@@ -66,71 +34,37 @@ class ServedModelError(EngineUnavailableError):
     """A request the served model could not answer usefully (after retries where retrying can help)."""
 
 
-class _Retry(Exception):
-    """A failure worth another attempt; ``wait`` is the server's Retry-After, when it gave one."""
-
-    def __init__(self, reason: str, wait: float | None = None):
-        super().__init__(reason)
-        self.wait = wait
-
-
 class ChatSplit:
-    """Chat messages back from a prompt the run's chat template rendered (``api=chat``).
-
-    The template's pieces are found once by rendering dummy contents (as :class:`~openmanus_rl_core.rollout.ChatDelta`
-    does): the text before the system message, the separator before a user message and the one before an assistant
-    message (which also ends a prompt that asks for a reply). A prompt is split at those separators.
-    """
-
-    _S, _U, _A, _V = "OMRLsysS", "OMRLuserU", "OMRLasstA", "OMRLuserV"
+    """Chat messages back from a prompt the run's chat template rendered (``api=chat``), split at the text the
+    template puts before the system message, a user message and an assistant message (found from dummy contents)."""
 
     def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-        msgs = [("system", self._S), ("user", self._U), ("assistant", self._A), ("user", self._V)]
-        full = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in msgs], tokenize=False,
-                                             add_generation_prompt=True)
-        if any(full.count(c) != 1 for _, c in msgs):
-            raise ValueError("api=chat: the run's chat template does not render message contents verbatim; "
-                             "use api=completions")
-        at = {c: full.index(c) for _, c in msgs}
-        self.head = full[: at[self._S]]
-        self.before_user = full[at[self._S] + len(self._S): at[self._U]]
-        self.before_assistant = full[at[self._U] + len(self._U): at[self._A]]
-        if (full[at[self._A] + len(self._A): at[self._V]] != self.before_user
-                or full[at[self._V] + len(self._V):] != self.before_assistant):
-            raise ValueError("api=chat: the run's chat template puts different text around turns of the same role; "
-                             "use api=completions")
+        self.tokenizer, marks = tokenizer, ["OMRLsysS", "OMRLuserU", "OMRLasstA", "OMRLuserV"]
+        full = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in zip(
+            ("system", "user", "assistant", "user"), marks)], tokenize=False, add_generation_prompt=True)
+        pieces = re.split("|".join(marks), full)
+        if any(full.count(c) != 1 for c in marks) or pieces[3:] != pieces[1:3]:
+            raise ValueError("api=chat: the run's chat template does not render each message's content verbatim "
+                             "between the same texts for each role; use api=completions")
+        self.head, self.before_user, self.before_assistant = pieces[:3]
 
     def messages(self, prompt_ids: Sequence[int]) -> list[dict[str, str]]:
         """The messages of a prompt that ends with the assistant header (``[system, user, (assistant, user)*]``)."""
         text = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
         start = text.find(self.head) if self.head else 0
         if start < 0 or not text.endswith(self.before_assistant):
-            raise ServedModelError("api=chat: the prompt does not have the run's chat template's layout; "
+            raise ServedModelError("api=chat: the prompt does not have the layout of the run's chat template; "
                                    "use api=completions")
+        role = {s: r for s, r in ((self.before_user, "user"), (self.before_assistant, "assistant")) if s}
         body = text[start + len(self.head): len(text) - len(self.before_assistant)]
-        out, role = [], "system"
-        while True:
-            cuts = [(body.find(sep), sep, r) for sep, r in ((self.before_user, "user"),
-                                                            (self.before_assistant, "assistant")) if sep]
-            cuts = [c for c in cuts if c[0] >= 0]
-            if not cuts:
-                out.append({"role": role, "content": body})
-                return out
-            at, sep, nxt = min(cuts)
-            out.append({"role": role, "content": body[:at]})
-            body, role = body[at + len(sep):], nxt
+        parts = re.split(f"({'|'.join(map(re.escape, role))})", body) if role else [body]
+        return [{"role": r, "content": c} for r, c in zip(["system"] + [role[s] for s in parts[1::2]], parts[::2])]
 
 
 class OpenAIEngine:
-    """Replies from an OpenAI-compatible server; implements ``protocols.RolloutEngine`` (see the module doc).
-
-    ``base_url``: the API root (``http://host:8000/v1``); ``model``: the served model's name; ``api_key_env``: the
-    name of the environment variable holding the key (null: no key); ``tokenizer``: the run's tokenizer (prompt
-    decoding, reply token ids). ``seed`` and ``device`` are accepted for the common engine call and unused.
-    ``settings_key``: where these settings live in the config, for the messages (a memory's writing engine sets
-    its own).
-    """
+    """Replies from an OpenAI-compatible server (``protocols.RolloutEngine``); ``settings_key`` names where these
+    settings live, for the messages. Unused: ``backoff_s`` (the SDK backs off 0.5 s doubling to 8 s), ``seed`` and
+    ``device`` (the common engine call)."""
 
     trainable = False  # no weights here and no log-probs guaranteed: `train` refuses this engine
     needs_model = False  # rollout and eval load only the tokenizer
@@ -142,170 +76,109 @@ class OpenAIEngine:
                  seed: int = 0, device: Any = None, settings_key: str = "rollout.engine_kwargs"):
         from openmanus_rl_core.config import ConfigError
 
-        where = self.settings_key = settings_key
-        if api not in ("completions", "chat"):
-            raise ConfigError(f"{where}.api={api}: must be completions or chat")
-        if prompt_as not in PROMPT_FORMS:
-            raise ConfigError(f"{where}.prompt_as={prompt_as}: must be ids or text")
-        for key, value, low in (("max_concurrency", max_concurrency, 1), ("max_retries", max_retries, 0)):
-            if not isinstance(value, int) or value < low:
-                raise ConfigError(f"{where}.{key}={value}: must be an integer >= {low}")
-        for key, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
-            if not value > 0:
-                raise ConfigError(f"{where}.{key}={value}: must be > 0")
-        if not str(base_url or "").startswith(("http://", "https://")):
-            raise ConfigError(f"{where}.base_url={base_url}: must be an http:// or https:// URL such as "
-                              f"http://127.0.0.1:8000/v1")
-        self._key = None
-        if api_key_env:
-            self._key = os.environ.get(str(api_key_env)) or None
-            if self._key is None:
-                raise ConfigError(f"{where}.api_key_env={api_key_env}: the environment variable {api_key_env} is not "
-                                  f"set (export it, or set api_key_env=null for a server without a key)")
-        self.base_url = str(base_url).rstrip("/")
-        self.model_name = str(model)
-        self.tokenizer = tokenizer
-        self.api, self.prompt_as = api, prompt_as
-        self.max_concurrency = int(max_concurrency)
-        self.timeout_s, self.connect_timeout_s = float(timeout_s), float(connect_timeout_s)
-        self.max_retries, self.backoff_s, self.max_backoff_s = int(max_retries), float(backoff_s), float(max_backoff_s)
-        self.extra_body = dict(extra_body or {})
+        self._key = os.environ.get(str(api_key_env)) or None if api_key_env else None
+        for wrong, line in ((api not in ("completions", "chat"), f"api={api}: must be completions or chat"),
+                            (prompt_as not in PROMPT_FORMS, f"prompt_as={prompt_as}: must be ids or text"),
+                            (type(max_concurrency) is not int or max_concurrency < 1,
+                             f"max_concurrency={max_concurrency}: must be an integer >= 1"),
+                            (type(max_retries) is not int or max_retries < 0,
+                             f"max_retries={max_retries}: must be an integer >= 0"),
+                            (not timeout_s > 0, f"timeout_s={timeout_s}: must be > 0"),
+                            (not connect_timeout_s > 0, f"connect_timeout_s={connect_timeout_s}: must be > 0"),
+                            (not str(base_url or "").startswith(("http://", "https://")), f"base_url={base_url}: "
+                             f"must be an http:// or https:// URL such as http://127.0.0.1:8000/v1"),
+                            (api_key_env and not self._key, f"api_key_env={api_key_env}: the environment variable "
+                             f"{api_key_env} is not set (export it, or set api_key_env=null for a server without "
+                             f"a key)")):
+            if wrong:
+                raise ConfigError(f"{settings_key}.{line}")
+        self.base_url, self.model_name, self.tokenizer, self.api = str(base_url).rstrip("/"), str(model), tokenizer, api
+        self.prompt_as, self.extra_body, self.settings_key = prompt_as, dict(extra_body or {}), settings_key
+        self.max_retries, self.max_backoff_s, self.timeout_s = max_retries, float(max_backoff_s), float(timeout_s)
+        self.timeout = httpx.Timeout(self.timeout_s, connect=float(connect_timeout_s))
         self.chat = ChatSplit(tokenizer) if api == "chat" and tokenizer is not None else None
         self.url = f"{self.base_url}/{'chat/completions' if api == 'chat' else 'completions'}"
-        self._local = threading.local()
-        self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="omrl-served")
-        self.calls = 0
-        self.stats = {"requests": 0, "retries": 0}
+        self.calls, self.stats = 0, {"requests": 0, "retries": 0}
+        # A client per thread, each with a pool of its own (one pool shared by many concurrent requests costs time
+        # quadratic in them), all on one TLS context (making one costs ~20 ms).
+        self._tls, self._local, self._clients = httpx.create_ssl_context(), threading.local(), []
+        self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="omrl-served")
         if check_server:
             self.check_server()
 
     @classmethod
     def preflight(cls, **kwargs: Any) -> None:
-        """The settings and the server, checked before a command loads its tokenizer, tasks or envs: a stopped
-        server ends the command within ``connect_timeout_s`` of its start (``engines.preflight``)."""
+        """The settings and the server, checked before a command loads anything (``engines.preflight``)."""
         cls(tokenizer=None, **kwargs).close()
 
     def __repr__(self) -> str:  # never the key
         return f"OpenAIEngine(base_url={self.base_url!r}, model={self.model_name!r}, api={self.api!r})"
 
-    # ------------------------------------------------------------------------------------------------ http
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if self._key:
-            headers["Authorization"] = f"Bearer {self._key}"
-        return headers
+    def _client(self) -> Any:
+        import openai  # here, not at the top: a command whose server is down ends before it (0.7 s to import)
 
-    def _session(self) -> requests.Session:
-        s = getattr(self._local, "session", None)
-        if s is None:
-            s = self._local.session = requests.Session()
-        return s
+        if not hasattr(self._local, "client"):
+            hooks = {"request": [self._on_request], "response": [self._on_response]}
+            self._local.client = openai.OpenAI(
+                base_url=self.base_url, api_key=self._key or "none", max_retries=self.max_retries, timeout=self.timeout,
+                http_client=openai.DefaultHttpxClient(verify=self._tls, event_hooks=hooks))
+            self._clients.append(self._local.client)
+        return self._local.client
+
+    def _on_request(self, request: httpx.Request) -> None:
+        self.stats["requests"] += 1
+        self.stats["retries"] += request.headers.get("x-stainless-retry-count", "0") != "0"
+        request.extensions["omrl_deadline"] = time.monotonic() + self.timeout_s
+        if not self._key:  # no Authorization at all (the SDK would send its placeholder, or OPENAI_ADMIN_KEY)
+            request.headers.pop("Authorization", None)
+
+    def _on_response(self, response: httpx.Response) -> None:
+        wait = response.headers.get("retry-after", "")  # the SDK waits up to 2 minutes, and gives up past that
+        if wait.replace(".", "", 1).isdigit():
+            response.headers["retry-after"] = f"{min(float(wait), self.max_backoff_s):g}"
+        # httpx's timeouts bound each read: a body trickling in would never end, so the attempt's deadline cuts it.
+        deadline = response.request.extensions["omrl_deadline"]
+        response.stream = httpx.ByteStream(b"".join(_until(response.stream, deadline)))
 
     def check_server(self) -> None:
-        """``GET {base_url}/models`` within ``connect_timeout_s``; raises naming the URL when nothing answers, the
-        key is refused, or the listed models lack ``model``."""
-        url = f"{self.base_url}/models"
+        """``GET {base_url}/models`` within ``connect_timeout_s``: raises naming the URL when nothing answers, the
+        key is refused, or the models listed lack ``model``."""
+        at, where = self.base_url, self.settings_key
         try:
-            r = self._session().get(url, headers=self._headers(), timeout=self.connect_timeout_s)
-        except requests.RequestException as exc:
-            raise EngineUnavailableError(f"the served model at {self.base_url} does not answer ({_reason(exc)}); "
-                                         f"start the server or fix {self.settings_key}.base_url") from None
+            r = httpx.get(f"{at}/models", headers={"Authorization": f"Bearer {self._key}"} if self._key else {},
+                          timeout=self.timeout.connect, verify=self._tls, follow_redirects=True)
+        except httpx.TransportError as exc:
+            raise EngineUnavailableError(f"the served model at {at} does not answer ({_reason(exc)}); start the "
+                                         f"server or fix {where}.base_url") from None
         if r.status_code in (401, 403):
-            raise EngineUnavailableError(f"the served model at {self.base_url} refused the request (HTTP "
-                                         f"{r.status_code}); check the key in {self.settings_key}.api_key_env")
-        if r.status_code != 200:
-            return  # some servers have no model listing; the first request tells
+            raise EngineUnavailableError(f"the served model at {at} refused the request (HTTP {r.status_code}); "
+                                         f"check the key in {where}.api_key_env")
         try:
-            names = [str(m.get("id")) for m in r.json().get("data", [])]
-        except (ValueError, AttributeError):
+            names = [str(m.get("id")) for m in r.json().get("data", [])] if r.status_code == 200 else []
+        except (ValueError, AttributeError):  # some servers list no models: their first request tells
             return
         if names and self.model_name not in names:
-            raise EngineUnavailableError(f"the server at {self.base_url} does not serve model {self.model_name!r}; it "
-                                         f"serves {', '.join(names)} (set {self.settings_key}.model)")
+            raise EngineUnavailableError(f"the server at {at} does not serve model {self.model_name!r}; it serves "
+                                         f"{', '.join(names)} (set {where}.model)")
 
-    def _post(self, body: Mapping[str, Any]) -> dict:
-        """One request with retries; the parsed JSON answer."""
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            try:
-                return self._attempt(body)
-            except _Retry as exc:
-                last = str(exc)
-                if attempt == self.max_retries:
-                    break
-                self.stats["retries"] += 1
-                wait = self.backoff_s * 2 ** attempt * (1 + 0.1 * random.random())
-                if exc.wait is not None:
-                    wait = exc.wait
-                time.sleep(min(wait, self.max_backoff_s))
-        raise ServedModelError(f"{self.url}: no answer after {self.max_retries + 1} attempts; the last: {last}")
-
-    def _attempt(self, body: Mapping[str, Any]) -> dict:
-        self.stats["requests"] += 1
-        deadline = time.monotonic() + self.timeout_s
-        try:
-            r = self._session().post(self.url, data=json.dumps(body), headers=self._headers(), stream=True,
-                                     timeout=(self.connect_timeout_s, self.timeout_s))
-            with r:
-                raw = self._read(r, deadline)
-        except requests.RequestException as exc:
-            raise _Retry(_reason(exc)) from None
-        if r.status_code in RETRY_STATUS:
-            raise _Retry(f"HTTP {r.status_code}: {_snippet(raw)}", _retry_after(r.headers.get("Retry-After")))
-        if r.status_code != 200:
-            raise ServedModelError(f"{self.url}: HTTP {r.status_code}: {_snippet(raw)}")
-        try:
-            answer = json.loads(raw)
-        except ValueError:
-            raise ServedModelError(f"{self.url}: the answer is not JSON: {_snippet(raw)}") from None
-        if not isinstance(answer, dict):
-            raise ServedModelError(f"{self.url}: the answer is not a JSON object: {_snippet(raw)}")
-        return answer
-
-    def _read(self, r: requests.Response, deadline: float) -> bytes:
-        """The whole body, or a timeout at ``deadline`` (a body that keeps trickling in is cut there too)."""
-        chunks = []
-        while True:
-            if time.monotonic() > deadline:
-                raise requests.Timeout(f"the answer took longer than timeout_s={self.timeout_s:g}s")
-            chunk = r.raw.read1(65536, decode_content=True)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-
-    # ---------------------------------------------------------------------------------------- generation
-    def _body(self, prompt: Sequence[int], params: SamplingParams) -> dict[str, Any]:
+    def _one(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
         greedy = bool(params.greedy) or params.temperature is None or params.temperature <= 0
-        body: dict[str, Any] = {"model": self.model_name, "max_tokens": int(params.max_new_tokens),
-                                "temperature": 0.0 if greedy else float(params.temperature),
-                                "top_p": 1.0 if greedy else float(params.top_p), "n": 1}
-        if params.top_k and not greedy:
-            body["top_k"] = int(params.top_k)
         stops = [s for s in (params.stop or []) if s]
-        if stops:
-            body["stop"] = stops
-        if self.chat is not None:
+        body = {"model": self.model_name, "max_tokens": int(params.max_new_tokens), "n": 1, "stop": stops or None,
+                "temperature": 0.0 if greedy else float(params.temperature),
+                "top_p": 1.0 if greedy else float(params.top_p),
+                "top_k": None if greedy else params.top_k or None}  # top_k: a vLLM / SGLang extension, when set
+        if self.chat:
             body["messages"] = self.chat.messages(prompt)
         else:
             body["prompt"] = PROMPT_FORMS[self.prompt_as](self.tokenizer, prompt)
-        body.update(self.extra_body)
-        return body
-
-    def _one(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
-        answer = self._post(self._body(prompt, params))
-        choices = answer.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-            raise ServedModelError(f"{self.url}: the answer has no choice: {_snippet(json.dumps(answer))}")
-        choice = choices[0]
-        text = choice.get("message", {}).get("content") if self.chat is not None else choice.get("text")
-        if text is None and self.chat is not None:
-            text = ""  # a chat reply with no content (e.g. only a refusal): an empty reply, which the loop ends
-        if not isinstance(text, str):
+        choice = self._post({**{k: v for k, v in body.items() if v is not None}, **self.extra_body})
+        text = (choice.get("message") or {}).get("content") or "" if self.chat else choice.get("text")
+        if not isinstance(text, str):  # a chat reply with no content (only a refusal) is an empty one: the loop ends
             raise ServedModelError(f"{self.url}: the choice has no text: {_snippet(json.dumps(choice))}")
         reason = "length" if choice.get("finish_reason") == "length" else "stop"
-        stops = [s for s in (params.stop or []) if s]
         if reason == "stop" and stops and not any(text.endswith(s) for s in stops):
-            named = choice.get("stop_reason", choice.get("matched_stop", ...))
+            named = choice.get("stop_reason", choice.get("matched_stop", ...))  # null or a token id: end-of-text
             if isinstance(named, str) and named in stops:
                 text += named
             elif named is ... and len(stops) == 1:  # the server does not say which; one was asked for
@@ -313,13 +186,33 @@ class OpenAIEngine:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=text, finish_reason=reason)
 
+    def _post(self, body: dict[str, Any]) -> dict:
+        """The first choice of the answer to one request (retried by the SDK where retrying can help)."""
+        import openai
+
+        try:
+            raw = self._client().post(self.url, body=body, cast_to=httpx.Response).text
+            answer = json.loads(raw)
+        except openai.APIStatusError as exc:
+            last = f"HTTP {exc.status_code}: {_snippet(exc.response.text)}"
+            if exc.status_code < 500 and exc.status_code not in (408, 409, 429):  # the SDK did not retry it
+                raise ServedModelError(f"{self.url}: {last}") from None
+        except openai.APIConnectionError as exc:  # timeouts included
+            last = _reason(exc)
+        except ValueError:
+            raise ServedModelError(f"{self.url}: the answer is not JSON: {_snippet(raw)}") from None
+        else:
+            choices = answer.get("choices") if isinstance(answer, dict) else None
+            if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+                raise ServedModelError(f"{self.url}: the answer has no choice: {_snippet(raw)}")
+            return choices[0]
+        raise ServedModelError(f"{self.url}: no answer after {self.max_retries + 1} attempts; the last: {last}")
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None) -> list[Generation]:
         """One :class:`Generation` per prompt, in order; at most ``max_concurrency`` requests at a time."""
-        params = params or SamplingParams()
-        self.calls += 1
-        if not prompts:
-            return []
-        check_prompts(prompts, "OpenAIEngine")
+        params, self.calls = params or SamplingParams(), self.calls + 1
+        if prompts:
+            check_prompts(prompts, "OpenAIEngine")
         return list(self._pool.map(lambda p: self._one(p, params), prompts))
 
     def update_weights(self, state_dict: dict[str, Any]) -> None:
@@ -327,25 +220,26 @@ class OpenAIEngine:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for client in self._clients:
+            client.close()
+
+
+def _until(stream: httpx.SyncByteStream, deadline: float) -> Iterator[bytes]:
+    with closing(stream):
+        for chunk in stream:
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout("the answer took longer than timeout_s")
+            yield chunk
 
 
 def _reason(exc: BaseException) -> str:
-    """A short reason for a failed request, without the request's headers."""
-    kind = ("connection refused or reset" if isinstance(exc, requests.ConnectionError)
-            and not isinstance(exc, requests.Timeout) else "timed out" if isinstance(exc, requests.Timeout)
-            else type(exc).__name__)
-    detail = str(exc.args[0]) if exc.args and isinstance(exc.args[0], str) else ""
-    return f"{kind}: {detail[:160]}" if detail else kind
+    """What failed, from the httpx error (under the SDK's, if any), without the request's headers."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, httpx.HTTPError) else exc
+    kind = "timed out" if isinstance(cause, httpx.TimeoutException) else "connection refused or reset"
+    detail = str(cause)[:160]
+    return f"{kind}: {detail}" if detail not in ("", kind) else kind
 
 
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _snippet(raw: bytes | str, n: int = 200) -> str:
-    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+def _snippet(text: str, n: int = 200) -> str:
     text = " ".join(text.split())
     return text[:n] + ("..." if len(text) > n else "")

@@ -47,20 +47,8 @@ in memory with :meth:`update_weights`, and the folder is deleted -- also when st
 engine start removes the folders of processes killed during start-up (:mod:`openmanus_rl_core.engines.vllm_tmpdir`).
 Built from a path: vLLM loads it.
 
-Seeding (why per-request seeds and no chunked prefill): each request gets its own vLLM seed, drawn from this
-engine's ``generator``, so vLLM gives it a private ``torch.Generator`` that advances by one draw per sampled token.
-A reply then depends only on (seed, weights, prompt) -- not on which other requests share a scheduler step, how
-much of the prompt the prefix cache already holds, or whether the request was preempted and recomputed (vLLM keeps
-its generator; the recompute is one prefill followed by one sample, as before the preemption). The one scheduler
-behaviour that breaks this is chunked prefill: vLLM samples every scheduled request, including one whose prompt is
-only partly computed, throws that token away and rewinds the request's generator with ``set_offset(get_offset() -
-4)``. Offsets exist only for CUDA's Philox generators (the CPU generator raises "CPU Generator does not use
-offset") and even there tie the stream to vLLM's sampler internals. So the engine runs vLLM with
-``enable_chunked_prefill=False`` and ``max_num_batched_tokens >= max_model_len``: a prompt is always prefilled in
-one step (a batch whose prompts exceed one step is spread over several steps, whole prompts each), no sample is
-ever discarded and no offset is ever read. The alternative -- one engine-wide seed per call -- would make a reply
-depend on the batch and on the scheduler's state (prefix cache, KV-cache size, preemptions), so a resumed run would
-not sample what the uninterrupted one did.
+Seeding: one vLLM seed per request, drawn from the engine's own generator, and no chunked prefill
+(:mod:`openmanus_rl_core.engines.vllm_sampling` says why).
 
 Memory: the KV cache is sized from this worker's share of its device (:mod:`openmanus_rl_core.engines.vllm_memory`),
 printed at start and kept in ``engine.memory``.
@@ -79,6 +67,7 @@ from typing import Any
 import torch
 
 from openmanus_rl_core.engines import check_prompts
+from openmanus_rl_core.engines.vllm_sampling import RequestParams
 from openmanus_rl_core.engines.vllm_memory import GiB, engine_arg_exists, memory_budget, vllm_batch_defaults
 from openmanus_rl_core.engines.vllm_tmpdir import own_tmpdir, remove_orphaned_tmpdirs
 from openmanus_rl_core.protocols import Generation, SamplingParams
@@ -289,11 +278,10 @@ class VLLMEngine:
         self.generator = torch.Generator()
         self.generator.manual_seed(int(seed))
         self.eos_token_ids = self._eos_ids(eos_from_model)
-        self._top_k_off = int(vllm.SamplingParams().top_k)  # "no top-k": 0 in current vLLM, -1 in older ones
+        self.request_params = RequestParams(vllm, self.eos_token_ids)
         self._asleep = False
         self._weights_asleep = False
         self._weights_discarded = False  # sleep(level=2) dropped them; only update_weights brings them back
-        self._warned_greedy_temperature = False
         self.calls = 0  # generate() calls so far (metrics, tests)
         if push_state is not None:
             self.update_weights(push_state)
@@ -372,39 +360,6 @@ class VLLMEngine:
             self._asleep = False
 
     # ---------------------------------------------------------------------------------------------- generation
-    def _sampling_params(self, params: SamplingParams, max_tokens: int, seed: int):
-        from vllm import SamplingParams as VSamplingParams
-
-        greedy = bool(params.greedy) or params.temperature is None or params.temperature <= 0
-        if greedy:
-            if (params.temperature and params.temperature > 0 and abs(params.temperature - 1.0) > 1e-6
-                    and not self._warned_greedy_temperature):
-                log.warning("VLLMEngine: greedy with temperature=%s: vLLM's greedy log-probs are log_softmax(logits) "
-                            "(temperature 1), HFEngine's are log_softmax(logits / %s)", params.temperature,
-                            params.temperature)
-                self._warned_greedy_temperature = True
-            temperature, top_p, top_k = 0.0, 1.0, self._top_k_off
-        else:
-            temperature = float(params.temperature)
-            top_p = float(params.top_p) if params.top_p is not None else 1.0
-            top_k = int(params.top_k) if params.top_k and int(params.top_k) > 0 else self._top_k_off
-        stops = [s for s in (params.stop or []) if s]
-        return VSamplingParams(
-            n=1,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            max_tokens=int(max_tokens),
-            stop=stops or None,
-            stop_token_ids=sorted(self.eos_token_ids) or None,
-            include_stop_str_in_output=True,
-            logprobs=0,
-            seed=int(seed),
-            skip_special_tokens=True,
-            # vLLM's incremental detokenizer is needed only to find stop strings; ``text`` is decoded here.
-            detokenize=bool(stops),
-        )
-
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None) -> list[Generation]:
         """One :class:`Generation` per prompt, in order, from ONE ``LLM.generate`` call over the whole batch."""
         from vllm.inputs import TokensPrompt
@@ -432,7 +387,7 @@ class VLLMEngine:
                 raise ValueError(f"VLLMEngine: a prompt of {len(p)} tokens leaves no room in max_model_len="
                                  f"{self.max_model_len}; shorten the prompt or raise max_model_len")
             requests.append(TokensPrompt(prompt_token_ids=[int(t) for t in p]))
-            sps.append(self._sampling_params(params, min(max_new, room), s))
+            sps.append(self.request_params(params, min(max_new, room), s))
         outputs = self.llm.generate(requests, sps, use_tqdm=False)
 
         gens: list[Generation] = []

@@ -7,7 +7,7 @@
   process's environment plus ``OPENAI_BASE_URL`` (the gateway, ending in ``/v1``), ``OPENAI_API_KEY`` (the
   episode's key), ``OMRL_MODEL`` (the policy's name) and ``OMRL_TASK`` (the task row as JSON). Its stdout is
   dropped; the last :data:`STDERR_TAIL_CHARS` characters of its stderr are kept for the log. Each agent runs in its
-  own process group under :mod:`openmanus_rl_core.guard`, so a timeout or an abandon kills the agent and every
+  own process group under :mod:`openmanus_rl_core.process.guard`, so a timeout or an abandon kills the agent and every
   process it started (SIGTERM, then SIGKILL after :data:`KILL_GRACE_S`), and a launcher killed with SIGKILL takes
   its agents with it. A non-zero exit is the error ``exited N: <stderr tail>``.
 - ``agent.function``: ``pkg.mod:fn``, an ``async def fn(client, task)`` returning the episode's reward (a real
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
 from openmanus_rl_core.config import ConfigError
-from openmanus_rl_core.guard import guarded
+from openmanus_rl_core.process.guard import guarded
 
 KILL_GRACE_S = 2.0  # seconds between SIGTERM to an agent's process group and SIGKILL
 STDERR_TAIL_CHARS = 2000

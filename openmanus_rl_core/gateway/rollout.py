@@ -20,12 +20,12 @@ from typing import Any, Callable, Sequence
 from openmanus_rl_core.gateway.agents import AgentJob, job_runner, run_agents, run_job, stop_groups
 from openmanus_rl_core.gateway.episodes import episode_from_record
 from openmanus_rl_core.gateway.server import Gateway
-from openmanus_rl_core.stopping import Abandoned
+from openmanus_rl_core.process.stopping import Abandoned
 
 
 class AgentRollout:
     """``sampling(rollout_cfg).run(tasks)`` -> episodes, in task order (see the module doc). ``abandon``: polled
-    while agents run; True gives the rollout up (:class:`~openmanus_rl_core.stopping.Abandoned`)."""
+    while agents run; True gives the rollout up (:class:`~openmanus_rl_core.process.stopping.Abandoned`)."""
 
     def __init__(self, engine: Any, tokenizer: Any, template: Any, agent_cfg: Any, version: Callable[[], int],
                  log: Callable[[str], None] = print, lock: Any = None):

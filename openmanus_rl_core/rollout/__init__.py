@@ -17,7 +17,7 @@ from openmanus_rl_core.rollout.episode import Episode
 from openmanus_rl_core.rollout.loop import AgentLoop, sampling_params
 from openmanus_rl_core.rollout.metrics import rollout_metrics
 from openmanus_rl_core.rollout.tasks import expand_tasks, start_task
-from openmanus_rl_core.schema import RolloutConfig
+from openmanus_rl_core.config.schema import RolloutConfig
 
 __all__ = [
     "RolloutConfig",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from openmanus_rl_core.progress import Alive
+from openmanus_rl_core.process.alive import Alive
 from openmanus_rl_core.rollout.env_pool import describe_error
 from openmanus_rl_core.rollout.tasks import start_task
 
@@ -18,11 +18,11 @@ def tokenizer_corpus(env_factory: Callable[[], Any], template: Any, tasks: Seque
     ``OracleEnv``), the oracle episode's rendered replies (``template.render``) and observations. A task whose
     episode fails is skipped (the corpus is best effort), but an env that cannot be built fails at once (its
     factory would fail for every task: a server that cannot start must not be started once per task), and so does
-    a corpus where every task failed (:class:`~openmanus_rl_core.envs.EnvUnavailableError`, naming the first error).
-    The episodes skip a wrapper's simulated waits (:func:`~openmanus_rl_core.envs.undelayed`). ``progress`` is told
+    a corpus where every task failed (:class:`~openmanus_rl_core.plugin.envs.EnvUnavailableError`, naming the first error).
+    The episodes skip a wrapper's simulated waits (:func:`~openmanus_rl_core.plugin.envs.undelayed`). ``progress`` is told
     of each task done.
     """
-    from openmanus_rl_core.envs import EnvUnavailableError, undelayed
+    from openmanus_rl_core.plugin.envs import EnvUnavailableError, undelayed
 
     env_factory = undelayed(env_factory)
     texts: list[str] = []

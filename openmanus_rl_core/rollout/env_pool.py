@@ -126,13 +126,13 @@ class EnvCallPool:
 
         Returns, in order, ``(CallStatus.OK, result)``, ``(CallStatus.ERROR, exception)`` or
         ``(CallStatus.TIMEOUT, None)``. ``abandon``: checked every :data:`ABANDON_POLL_S` while waiting; once true,
-        :class:`~openmanus_rl_core.stopping.Abandoned` is raised (the calls go on in their threads, unwaited).
+        :class:`~openmanus_rl_core.process.stopping.Abandoned` is raised (the calls go on in their threads, unwaited).
         """
         pending = set(futs)
         timed_out: set[cf.Future] = set()
         while pending:
             if abandon is not None and abandon():
-                from openmanus_rl_core.stopping import Abandoned
+                from openmanus_rl_core.process.stopping import Abandoned
 
                 raise Abandoned("env calls abandoned: the run is stopping")
             now = time.monotonic()

@@ -6,9 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from openmanus_rl_core.protocols import (
-    Trajectory,
-)
+from openmanus_rl_core.protocols import PastTurn, Summary, Trajectory
 
 
 @dataclass
@@ -61,3 +59,31 @@ class Episode:
         if self.contexts:
             return list(self.contexts[t])
         return self.prompt_ids + self.response_ids[: self.trajectory.turns[t].span[0]]
+
+
+class LiveEpisode:
+    """Book-keeping of one episode while it runs."""
+
+    __slots__ = ("ep", "env", "obs", "done", "generation", "system", "task", "history", "summary", "pending",
+                 "turn", "env_s")
+
+    def __init__(self, ep: Episode):
+        self.ep = ep
+        self.env: Any = None
+        self.obs = ""  # the observation the next reply acts on
+        self.done = False
+        self.generation: Any = None
+        # Per-turn memories: the system prompt, the first observation and the finished turns, as shown.
+        self.system = ""
+        self.task = ""
+        self.history: list[PastTurn] = []
+        self.summary = Summary()  # a model-written summary of the turns before the memory's window
+        self.pending = False  # its next context waits for the summary (built right before generating)
+
+    def finish(self, termination: str, error: str | None = None) -> None:
+        """The episode ends now, for ``termination`` (a :data:`TERMINATIONS` value)."""
+        self.done = True
+        self.ep.trajectory.termination = termination
+        if error is not None:
+            self.ep.trajectory.error = error
+        self.ep.truncated = self.ep.truncated or termination == "truncated"

@@ -24,11 +24,13 @@ import concurrent.futures as cf
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openmanus_rl_core.rollout.env_pool import CallStatus, EnvCallPool, describe_error
-from openmanus_rl_core.rollout.episode import Episode
-from openmanus_rl_core.rollout.loop import AgentLoop, _finish, _Live
+from openmanus_rl_core.rollout.episode import Episode, LiveEpisode
+
+if TYPE_CHECKING:
+    from openmanus_rl_core.rollout.loop import AgentLoop
 
 
 class EpisodeRunner:
@@ -46,9 +48,9 @@ class EpisodeRunner:
         self.cfg = loop.cfg
         self.pool = EnvCallPool(self.cfg.env_workers)
         self.params = loop._params()
-        self.calls: dict[cf.Future, tuple[_Live, Any]] = {}  # env call -> (episode, its Turn; None for reset)
-        self.ready: deque[_Live] = deque()  # episodes whose next reply can be generated
-        self.closing: list[tuple[cf.Future, _Live]] = []
+        self.calls: dict[cf.Future, tuple[LiveEpisode, Any]] = {}  # env call -> (episode, its Turn; None for reset)
+        self.ready: deque[LiveEpisode] = deque()  # episodes whose next reply can be generated
+        self.closing: list[tuple[cf.Future, LiveEpisode]] = []
         self.live = 0
         self.stats: dict[str, Any] = self._new_stats()
 
@@ -74,7 +76,7 @@ class EpisodeRunner:
     def advance(self, max_wait_s: float = 0.05) -> list[Episode]:
         """One round: take the env calls that ended (waiting up to ``max_wait_s`` when no episode is ready), then
         one batched generate over the ready episodes; returns the episodes that finished in this round."""
-        done: list[_Live] = []
+        done: list[LiveEpisode] = []
         t0 = time.perf_counter()
         wait = 0.0 if self.ready else max_wait_s
         self._harvest(wait, done)
@@ -105,14 +107,14 @@ class EpisodeRunner:
         """Close every env (also of episodes still running) and stop the threads."""
         for lv, _ in list(self.calls.values()):
             if not lv.done:
-                _finish(lv, "env_error", "the rollout was stopped while this env call ran")
+                lv.finish("env_error", "the rollout was stopped while this env call ran")
         self.calls.clear()
         self.ready.clear()
         self._collect_closes(min(self.cfg.env_timeout_s, 10.0))
         self.pool.shutdown()
 
     # ------------------------------------------------------------------------------------------------ rounds
-    def _harvest(self, wait_s: float, done: list[_Live]) -> None:
+    def _harvest(self, wait_s: float, done: list[LiveEpisode]) -> None:
         loop, timeout = self.loop, self.cfg.env_timeout_s
         for fut, status, value in self.pool.harvest(list(self.calls), timeout, wait_s):
             lv, turn = self.calls.pop(fut)
@@ -125,10 +127,10 @@ class EpisodeRunner:
                 loop._take_step(lv, turn, status, value, lv.turn)
                 lv.turn += 1
                 if not lv.done and lv.turn >= self.cfg.max_turns:
-                    _finish(lv, "max_turns")
+                    lv.finish("max_turns")
             (done if lv.done else self.ready).append(lv)
 
-    def _gather(self, done: list[_Live]) -> None:
+    def _gather(self, done: list[LiveEpisode]) -> None:
         """Wait (``gen_wait_ms`` at most) for more episodes to become ready, up to ``gen_batch_size``."""
         cap = self.cfg.gen_batch_size or float("inf")
         end = time.monotonic() + self.cfg.gen_wait_ms / 1000.0
@@ -138,7 +140,7 @@ class EpisodeRunner:
                 break
             self._harvest(left, done)
 
-    def _generate(self, done: list[_Live]) -> None:
+    def _generate(self, done: list[LiveEpisode]) -> None:
         loop = self.loop
         cap = self.cfg.gen_batch_size or len(self.ready)
         batch = [self.ready.popleft() for _ in range(min(cap, len(self.ready)))]
@@ -157,7 +159,7 @@ class EpisodeRunner:
             else:
                 self.calls[self.pool.submit(lv.env.step, turn.action.content)] = (lv, turn)
 
-    def _retire(self, lv: _Live) -> Episode:
+    def _retire(self, lv: LiveEpisode) -> Episode:
         self.live -= 1
         ep = lv.ep
         ep.trajectory.response_length = len(ep.response_ids)

@@ -48,16 +48,16 @@ from openmanus_rl_core.protocols import (
     RolloutEngine,
     SamplingParams,
     StepResult,
-    Summary,
     Trajectory,
     Turn,
 )
 from openmanus_rl_core.rollout.chat import ChatDelta
 from openmanus_rl_core.rollout.env_pool import CallStatus, EnvCallPool, describe_error
-from openmanus_rl_core.rollout.episode import Episode
+from openmanus_rl_core.rollout.episode import Episode, LiveEpisode
+from openmanus_rl_core.rollout.episodes import EpisodeRunner
 from openmanus_rl_core.rollout.summaries import SummaryWriter, writes_summaries
 from openmanus_rl_core.rollout.tasks import start_task
-from openmanus_rl_core.schema import RolloutConfig
+from openmanus_rl_core.config.schema import RolloutConfig
 
 GAP = "\n[...]\n"  # stands for the middle of an observation cut to max_obs_tokens
 
@@ -66,34 +66,6 @@ def sampling_params(cfg: RolloutConfig, stop: Sequence[str] = ()) -> SamplingPar
     """The engine's sampling settings of one rollout (``cfg``: the ``rollout`` section of the schema)."""
     return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
                           top_k=cfg.top_k, stop=list(stop), greedy=cfg.greedy)
-
-class _Live:
-    """Book-keeping of one episode while it runs."""
-
-    __slots__ = ("ep", "env", "obs", "done", "generation", "system", "task", "history", "summary", "pending",
-                 "turn", "env_s")
-
-    def __init__(self, ep: Episode):
-        self.ep = ep
-        self.env: Any = None
-        self.obs = ""  # the observation the next reply acts on
-        self.done = False
-        self.generation: Any = None
-        # Per-turn memories: the system prompt, the first observation and the finished turns, as shown.
-        self.system = ""
-        self.task = ""
-        self.history: list[PastTurn] = []
-        self.summary = Summary()  # a model-written summary of the turns before the memory's window
-        self.pending = False  # its next context waits for the summary (built right before generating)
-
-
-def _finish(live: _Live, termination: str, error: str | None = None) -> None:
-    live.done = True
-    live.ep.trajectory.termination = termination
-    if error is not None:
-        live.ep.trajectory.error = error
-    live.ep.truncated = live.ep.truncated or termination == "truncated"
-
 
 class AgentLoop:
     """Runs episodes of one env kind with one template against one engine.
@@ -126,7 +98,7 @@ class AgentLoop:
 
     def check_abandon(self) -> None:
         if self.abandon is not None and self.abandon():
-            from openmanus_rl_core.stopping import Abandoned
+            from openmanus_rl_core.process.stopping import Abandoned
 
             raise Abandoned("rollout abandoned: the run is stopping")
 
@@ -149,11 +121,11 @@ class AgentLoop:
         head = room // 2
         return ids[:head] + gap + ids[len(ids) - (room - head):], True
 
-    def _start(self, live: _Live) -> str:
+    def _start(self, live: LiveEpisode) -> str:
         live.env = self.env_factory()
         return start_task(live.env, live.ep.trajectory.task)
 
-    def _first_prompt(self, live: _Live, obs: str) -> None:
+    def _first_prompt(self, live: LiveEpisode, obs: str) -> None:
         ep, cfg = live.ep, self.cfg
         instruction = getattr(live.env, "instruction", "") or ""
         system = self.template.system_prompt(str(instruction))
@@ -179,7 +151,7 @@ class AgentLoop:
         ep.prompt_ids = ids
         live.obs = obs
 
-    def _context(self, live: _Live) -> list[int]:
+    def _context(self, live: LiveEpisode) -> list[int]:
         """Per-turn memories: the next reply's context, fitted to the sample budget; appended to ``contexts``."""
         ep, cfg = live.ep, self.cfg
         limit = cfg.max_sample_tokens - cfg.max_new_tokens
@@ -210,30 +182,30 @@ class AgentLoop:
             return ParsedAction(kind="invalid", content=text, valid=False), describe_error(exc)
 
     # ------------------------------------------------------------------------------------ one episode
-    def _new_live(self, task: Mapping[str, Any]) -> _Live:
+    def _new_live(self, task: Mapping[str, Any]) -> LiveEpisode:
         task = dict(task)
         traj = Trajectory(
             task_id=task.get("task_id"), seed=task.get("seed"),
             group_id=task.get("group_id") or uuid.uuid4().hex, initial_observation="", task=task,
         )
         traj.info["finish_reasons"] = []
-        return _Live(Episode(trajectory=traj, prompt_ids=[]))
+        return LiveEpisode(Episode(trajectory=traj, prompt_ids=[]))
 
-    def _take_reset(self, lv: _Live, status: CallStatus, value: Any) -> None:
+    def _take_reset(self, lv: LiveEpisode, status: CallStatus, value: Any) -> None:
         if status is CallStatus.OK and isinstance(value, str):
             lv.ep.trajectory.initial_observation = value
             try:
                 self._first_prompt(lv, value)
             except Exception as exc:  # a template's system_prompt that raises ends only this episode
-                _finish(lv, "env_error", f"building the first prompt failed: {describe_error(exc)}")
+                lv.finish("env_error", f"building the first prompt failed: {describe_error(exc)}")
         elif status is CallStatus.OK:
-            _finish(lv, "env_error", f"env.reset returned {type(value).__name__}, not str")
+            lv.finish("env_error", f"env.reset returned {type(value).__name__}, not str")
         elif status is CallStatus.TIMEOUT:
-            _finish(lv, "env_error", f"env reset timed out after {self.cfg.env_timeout_s:g}s")
+            lv.finish("env_error", f"env reset timed out after {self.cfg.env_timeout_s:g}s")
         else:
-            _finish(lv, "env_error", f"env reset failed: {describe_error(value)}")
+            lv.finish("env_error", f"env reset failed: {describe_error(value)}")
 
-    def _prepare(self, lives: Sequence[_Live]) -> None:
+    def _prepare(self, lives: Sequence[LiveEpisode]) -> None:
         """Right before generating for ``lives``: write the summaries they wait for, then build their contexts."""
         waiting = [lv for lv in lives if lv.pending]
         if not waiting:
@@ -243,14 +215,14 @@ class AgentLoop:
             lv.pending = False
             self._context(lv)
 
-    def _prompt(self, lv: _Live) -> list[int]:
+    def _prompt(self, lv: LiveEpisode) -> list[int]:
         """The tokens the next reply of ``lv`` continues."""
         return lv.ep.contexts[-1] if self.per_turn else lv.ep.prompt_ids + lv.ep.response_ids
 
     def _params(self) -> SamplingParams:
         return sampling_params(self.cfg, list(getattr(self.template, "stop", []) or []))
 
-    def _end(self, lives: Sequence[_Live], total: float) -> list[Episode]:
+    def _end(self, lives: Sequence[LiveEpisode], total: float) -> list[Episode]:
         for lv in lives:
             lv.ep.trajectory.response_length = len(lv.ep.response_ids)
             lv.ep.trajectory.info["rollout_time_s"] = total
@@ -271,8 +243,6 @@ class AgentLoop:
         if reset is not None:
             reset()
         if cfg.mode == "episodes":  # each episode on its own: rollout/episodes.py
-            from openmanus_rl_core.rollout.episodes import EpisodeRunner
-
             runner = EpisodeRunner(self)
             episodes = runner.run(tasks)
             self.stats = runner.stats
@@ -308,7 +278,7 @@ class AgentLoop:
                 if len(gens) != len(live):
                     raise RuntimeError(f"engine returned {len(gens)} generations for {len(live)} prompts")
 
-                stepping: list[tuple[_Live, Turn]] = []
+                stepping: list[tuple[LiveEpisode, Turn]] = []
                 for lv, gen in zip(live, gens):
                     turn_obj = self._take_reply(lv, gen)
                     if turn_obj is not None:
@@ -324,7 +294,7 @@ class AgentLoop:
                 stats["turns"].append({"live": len(live), "stepped": len(stepping), "gen_s": gen_s, "env_s": env_s})
             for lv in lives:
                 if not lv.done:
-                    _finish(lv, "max_turns")
+                    lv.finish("max_turns")
         finally:  # abandoned: no waiting for envs that may still be in a call
             self._close_all(pool, lives, 1.0 if self.abandon is not None and self.abandon() else None)
             pool.shutdown()  # no idle threads left behind: the trainer runs the loop thousands of times
@@ -333,7 +303,7 @@ class AgentLoop:
         stats["total_s"] = total
         return self._end(lives, total)
 
-    def _take_reply(self, lv: _Live, gen: Any) -> Turn | None:
+    def _take_reply(self, lv: LiveEpisode, gen: Any) -> Turn | None:
         """Append one generation; return the Turn to step the env with, or None if the episode ended here."""
         ep, cfg = lv.ep, self.cfg
         traj = ep.trajectory
@@ -362,36 +332,36 @@ class AgentLoop:
         lv.generation = ids
         if cut:
             tr.info["truncated"] = True
-            _finish(lv, "truncated")
+            lv.finish("truncated")
             return None
         if not text.strip():
-            _finish(lv, "invalid", "the model produced an empty reply")
+            lv.finish("invalid", "the model produced an empty reply")
             return None
         return tr
 
-    def _take_step(self, lv: _Live, tr: Turn, status: CallStatus, value: Any, turn: int) -> None:
+    def _take_step(self, lv: LiveEpisode, tr: Turn, status: CallStatus, value: Any, turn: int) -> None:
         ep, cfg = lv.ep, self.cfg
         traj = ep.trajectory
         if status is CallStatus.TIMEOUT:
-            _finish(lv, "env_error", f"env.step timed out after {cfg.env_timeout_s:g}s (turn {turn})")
+            lv.finish("env_error", f"env.step timed out after {cfg.env_timeout_s:g}s (turn {turn})")
             return
         if status is CallStatus.ERROR:
-            _finish(lv, "env_error", f"env.step failed (turn {turn}): {describe_error(value)}")
+            lv.finish("env_error", f"env.step failed (turn {turn}): {describe_error(value)}")
             return
         if not isinstance(value, StepResult) or not isinstance(value.observation, str):
-            _finish(lv, "env_error", f"env.step returned {value!r:.200}, not a StepResult with a str observation")
+            lv.finish("env_error", f"env.step returned {value!r:.200}, not a StepResult with a str observation")
             return
         try:
             reward = float(value.reward)
         except (TypeError, ValueError):
-            _finish(lv, "env_error", f"env.step returned a non-numeric reward {value.reward!r:.100}")
+            lv.finish("env_error", f"env.step returned a non-numeric reward {value.reward!r:.100}")
             return
         tr.observation, tr.reward, tr.done = value.observation, reward, bool(value.done)
         tr.info = {**dict(value.info or {}), **tr.info}
         if "success" in (value.info or {}):
             traj.success = bool(value.info["success"])
         if tr.done:
-            _finish(lv, "done")
+            lv.finish("done")
             return
         if turn + 1 >= cfg.max_turns:
             return  # the loop ends it as max_turns; no observation tokens after the last reply
@@ -414,7 +384,7 @@ class AgentLoop:
             traj.info["obs_truncated"] = traj.info.get("obs_truncated", 0) + 1
         if len(ep.response_ids) + len(delta) >= cfg.max_response_tokens:
             # The observation and at least one reply token would not fit.
-            _finish(lv, "truncated")
+            lv.finish("truncated")
             return
         ep.response_ids.extend(delta)
         ep.response_mask.extend([0] * len(delta))
@@ -422,7 +392,7 @@ class AgentLoop:
         ep.versions.extend([-1] * len(delta))
         lv.obs = value.observation
 
-    def _close_all(self, pool: EnvCallPool, lives: Sequence[_Live], timeout: float | None = None) -> None:
+    def _close_all(self, pool: EnvCallPool, lives: Sequence[LiveEpisode], timeout: float | None = None) -> None:
         with_env = [lv for lv in lives if lv.env is not None]
         timeout = min(self.cfg.env_timeout_s, 10.0) if timeout is None else timeout
         results = pool.collect([pool.submit(lv.env.close) for lv in with_env], timeout)

@@ -19,11 +19,13 @@ No trained sample is staler than η. ``rollout.stale_policy``:
   they could be staler than η), waiting for any of them still running, then the oldest other complete groups.
   Long episodes are never thrown away, so the trained batch is not biased toward short ones; the price is a wait
   when a straggler is that old. Because training takes complete groups out of admission order, more than B such
-  groups can exist in a rare case: the oldest B go, and one that the last check finds staler than η is dropped.
+  groups can exist in a rare case: the oldest B go, and the others, staler than η at the next step, are dropped
+  there (``rollout/groups_dropped``) while that step trains B groups from the rest.
 - ``drop``: never waits; a complete group staler than η is discarded (``rollout/groups_dropped``). Faster under long tails,
   but long episodes are the ones dropped: compare ``stream/trained_turns`` with ``stream/generated_turns``.
 
-Either way a group is checked once more right before training, and one staler than η is dropped, never trained.
+Either way every complete group is checked at each step before the batch is chosen: one staler than η is dropped
+(its place admits another), never trained.
 
 With η > 0 the first batch after a start or resume is the B groups that finished first among the (η + 1)·B
 admitted, biased toward short episodes: it carries ``stream/first_batch`` = 1 (0 on every later batch), and the
@@ -43,7 +45,7 @@ import torch
 
 from openmanus_rl_core.rollout.episode import Episode
 from openmanus_rl_core.rollout.staleness import Admission, group_staleness
-from openmanus_rl_core.schema import RolloutConfig
+from openmanus_rl_core.config.schema import RolloutConfig
 
 
 # ``next_batch(on_groups=...)`` hands complete groups over only once at most this share of the batch's groups
@@ -165,7 +167,7 @@ class GroupStream:
     ``stream_stop``); ``next_tasks()``: the next batch of task rows (the trainer's sampler; each row becomes one
     group of ``n``); ``batch_groups``: B; ``accept(trajectories) -> bool``: the dynamic-sampling filter (None: keep
     every group); ``max_extra_groups``: how many rejected groups one step may replace before it trains on fewer;
-    ``abandon()``: true once the run stops (:class:`~openmanus_rl_core.stopping.Abandoned` is raised).
+    ``abandon()``: true once the run stops (:class:`~openmanus_rl_core.process.stopping.Abandoned` is raised).
     """
 
     def __init__(self, actor: Any, cfg: RolloutConfig, next_tasks: Callable[[], list[dict]], batch_groups: int,
@@ -231,7 +233,7 @@ class GroupStream:
         t0 = time.perf_counter()
         while True:
             if self.abandon():
-                from openmanus_rl_core.stopping import Abandoned
+                from openmanus_rl_core.process.stopping import Abandoned
 
                 raise Abandoned("the rollout stream's batch abandoned: the run is stopping")
             if filtered < self.max_extra_groups or filtered == 0:
@@ -248,10 +250,10 @@ class GroupStream:
                         self.ready.append(g)
                     else:
                         filtered += 1
-            if not self.wait:
-                keep = [g for g in self.ready if self._staleness(g, version) <= self.eta]
-                dropped += self._drop(len(self.ready) - len(keep))
-                self.ready = keep
+            # A complete group staler than eta can never be trained: dropped once seen, its place admits another.
+            keep = [g for g in self.ready if self._staleness(g, version) <= self.eta]
+            dropped += self._drop(len(self.ready) - len(keep))
+            self.ready = keep
             fresh = [g for g in self.ready if g.gid not in handed] if on_groups is not None else []
             if fresh and len(self.running) <= max(1.0, HANDOVER_RUNNING_SHARE * self.B):
                 handed.update(g.gid for g in fresh)
@@ -264,9 +266,7 @@ class GroupStream:
                 break  # the refill is used up (or nothing more may start): train on what was accepted
         # The groups that must go now first (at most B of them: the admission rule), then the oldest others.
         self.ready.sort(key=lambda g: (not self._urgent(g, version), g.admitted, g.gid))
-        take, self.ready = self.ready[:self.B], self.ready[self.B:]
-        batch = [g for g in take if self._staleness(g, version) <= self.eta]  # the last check before training
-        dropped += self._drop(len(take) - len(batch))
+        batch, self.ready = self.ready[:self.B], self.ready[self.B:]  # none staler than eta: dropped in the loop
         if handed - {g.gid for g in batch}:
             raise RuntimeError(f"groups handed to on_groups were left out of the batch at version {version}: "
                                f"{sorted(handed - {g.gid for g in batch})}")

@@ -22,7 +22,7 @@ from openmanus_rl_core.distributed.ray_node import (
     local_store_path,
     loopback_interface,
 )
-from openmanus_rl_core.schema import Config
+from openmanus_rl_core.config.schema import Config
 from openmanus_rl_core.workers.microbatch import plan_micro_batches, row_extents, token_share
 from openmanus_rl_core.workers.rng import capture_worker_rng, restore_worker_rng
 
@@ -79,9 +79,9 @@ class Worker:
         return host, port
 
     def freeze_heap(self) -> int:
-        """Hide the objects alive after set-up from the garbage collector (heap.py); returns how many. The
+        """Hide the objects alive after set-up from the garbage collector (process/heap.py); returns how many. The
         worker's process lives as long as the run, so they are never given back."""
-        from openmanus_rl_core import heap
+        from openmanus_rl_core.process import heap
 
         return heap.freeze()
 
@@ -101,7 +101,7 @@ class Worker:
             raise RuntimeError("trainer.device=cuda but this worker sees no CUDA device; use trainer.device=cpu")
         self.device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
         if use_cuda:
-            from openmanus_rl_core.models import avoid_cudnn_attention
+            from openmanus_rl_core.models.loading import avoid_cudnn_attention
 
             torch.cuda.set_device(self.device)
             avoid_cudnn_attention(self.device)  # the update meets a new sequence shape every micro-batch

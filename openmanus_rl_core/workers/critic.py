@@ -57,7 +57,7 @@ class CriticWorker(Worker):
     def setup(self, master_addr: str, master_port: int) -> dict:
         from transformers import AutoConfig, AutoModel
 
-        from openmanus_rl_core.models import _dtype
+        from openmanus_rl_core.models.loading import _dtype
 
         self.setup_distributed(master_addr, master_port)
         dtype = _dtype(self.cfg.model.dtype)

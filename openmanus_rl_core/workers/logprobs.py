@@ -27,7 +27,7 @@ def sequence_logprobs(
     packed-sequence masks for sdpa/eager; flash-attention varlen on GPU).
 
     ``share_prompts``: rows whose prompts start alike (a GRPO group's samples, per-turn samples of one task) run
-    that start once (:mod:`openmanus_rl_core.shared_prompt`); not with ``pack``. The model must keep its KV cache
+    that start once (:mod:`openmanus_rl_core.models.shared_prompt`); not with ``pack``. The model must keep its KV cache
     (the actor turns this off under gradient checkpointing).
     """
     from openmanus_rl_core.workers.microbatch import pad_columns, trim_columns
@@ -72,8 +72,8 @@ def _response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperatur
 
 
 def _shared_prompts(batch: Batch):
-    """:func:`~openmanus_rl_core.shared_prompt.shared_starts` of the rows' prompt columns (None: share nothing)."""
-    from openmanus_rl_core.shared_prompt import shared_starts
+    """:func:`~openmanus_rl_core.models.shared_prompt.shared_starts` of the rows' prompt columns (None: share nothing)."""
+    from openmanus_rl_core.models.shared_prompt import shared_starts
 
     P = batch["input_ids"].shape[1] - batch["responses"].shape[1]
     return shared_starts(*(batch[k][:, :P] for k in ("input_ids", "attention_mask", "position_ids")))
@@ -81,9 +81,9 @@ def _shared_prompts(batch: Batch):
 
 def _shared_prompt_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool, shared):
     """As :func:`_logprobs`, with each shared prefix run once (``shared``: a
-    :class:`~openmanus_rl_core.shared_prompt.SharedStarts`): its KV cache is repeated for the rows that share it,
+    :class:`~openmanus_rl_core.models.shared_prompt.SharedStarts`): its KV cache is repeated for the rows that share it,
     then the rest of every row (the rest of its prompt and the response but its last token) runs on that cache."""
-    from openmanus_rl_core.models import cache_keyword
+    from openmanus_rl_core.models.loading import cache_keyword
 
     ids, attn, pos, responses = (batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses"))
     R = responses.shape[1]

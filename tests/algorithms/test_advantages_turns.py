@@ -9,7 +9,7 @@ import torch
 
 from openmanus_rl_core.algorithms import compute_gigpo, compute_grpo, compute_rloo, episode_index
 from openmanus_rl_core.batch import Batch
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 
 # One group "g" of three episodes: E1 three turns (reward 1 on its last token), E2 two turns (0), E3 one turn (0.5).
 # Rows hold two tokens; row 6 is an episode of another group "h" alone (a singleton group: advantage 0).

@@ -26,7 +26,7 @@ from openmanus_rl_core.algorithms.advantages import (
     compute_rloo,
 )
 from openmanus_rl_core.batch import Batch
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 
 REWARDS = [1.0, 3.0, 0.0, 8.0, 0.0]
 GROUPS = ["a", "a", "a", "b", "b"]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from openmanus_rl_core.protocols import Allocator
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 from openmanus_rl_core.testing import check_allocator
 from openmanus_rl_allocators.allocators import (
     DiscountedAllocator,

@@ -3,7 +3,7 @@
 ``registry("env").build("agentgym_textcraft", base_port=36001, num_servers=4)`` calls ``textcraft(**kwargs)``,
 which builds an :class:`~openmanus_rl_env_agentgym.client.AgentGymEnv` for the next server, round-robin.
 
-``factory.serve(**kwargs)`` is what the core's driver calls once per command (``openmanus_rl_core.envs``): it
+``factory.serve(**kwargs)`` is what the core's driver calls once per command (``openmanus_rl_core.plugin.envs``): it
 health-checks the servers, or with ``autostart=True`` starts them under one :class:`ServerLauncher` owned by the
 driver (its watchdog is the only thing that restarts them), and returns the kwargs every env is built with
 (``autostart`` off: workers reach the servers by URL).
@@ -15,7 +15,7 @@ import itertools
 import threading
 from typing import Any, Mapping
 
-from openmanus_rl_core.envs import EnvService, EnvUnavailableError
+from openmanus_rl_core.plugin.envs import EnvService, EnvUnavailableError
 
 from .client import AgentGymEnv
 from .spec import get_spec

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from openmanus_rl_core.protocols import Env, StepResult
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 from openmanus_rl_env_agentgym import (
     AgentGymEnv,
     EnvServerError,

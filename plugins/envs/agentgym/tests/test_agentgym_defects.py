@@ -17,17 +17,18 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from openmanus_rl_core.algorithms.advantages import grpo_estimator
+from openmanus_rl_core.algorithms.estimators import grpo_estimator
 from openmanus_rl_core.cli import main as cli_main
-from openmanus_rl_core.config import compose
-from openmanus_rl_core.data import OPENMANUS_SCHEMA, load_tasks
-from openmanus_rl_core.envs import EnvUnavailableError
-from openmanus_rl_core.metrics import LearningSignalWatch
-from openmanus_rl_core.models import build_tokenizer
+from openmanus_rl_core.config.loading import compose
+from openmanus_rl_core.data.openmanus_layout import OPENMANUS_SCHEMA
+from openmanus_rl_core.data.tasks import load_tasks
+from openmanus_rl_core.plugin.envs import EnvUnavailableError
+from openmanus_rl_core.run.metrics import LearningSignalWatch
+from openmanus_rl_core.models.loading import build_tokenizer
 from openmanus_rl_core.protocols import Generation
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, build_batch, tokenizer_corpus
-from openmanus_rl_core.warmup import build_demonstrations
+from openmanus_rl_core.run.warmup import build_demonstrations
 from openmanus_rl_env_agentgym import AgentGymEnv, EnvServerError
 from openmanus_rl_env_agentgym.factories import make_env, serve_env
 
@@ -88,7 +89,7 @@ def test_1_rollout_exits_non_zero_when_every_episode_failed(tmp_path, capsys):
 
 
 def test_1_the_env_error_watch_aborts_after_n_all_failed_steps():
-    from openmanus_rl_core.envs import EnvErrorWatch
+    from openmanus_rl_core.plugin.envs import EnvErrorWatch
 
     watch = EnvErrorWatch(2)
     watch.update(1, ["env_error", "env_error"], ["refused", None])

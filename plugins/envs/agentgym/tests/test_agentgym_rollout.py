@@ -10,9 +10,9 @@ import signal
 import threading
 import time
 
-from openmanus_rl_core.models import build_tokenizer
+from openmanus_rl_core.models.loading import build_tokenizer
 from openmanus_rl_core.protocols import Generation
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, build_batch
 from openmanus_rl_env_agentgym import AgentGymEnv
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from openmanus_rl_core.protocols import OracleEnv, StepResult
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 from openmanus_rl_core.testing import check_env, hostile_texts, oracle_rollout
 from openmanus_rl_env_babyai import AGENTGYM_LEVELS, BabyAIEnv, hooks
 
@@ -111,7 +111,7 @@ def test_conformance_kit():
 
 
 def test_oracle_through_the_rollout_loop_on_20_validation_tasks():
-    from openmanus_rl_core.models import build_tokenizer
+    from openmanus_rl_core.models.loading import build_tokenizer
 
     env = BabyAIEnv()
     tasks = [{"task_id": CONFIG["train_tasks"] + k, "seed": k} for k in range(20)]
@@ -142,7 +142,7 @@ def test_random_and_invalid_action_streams_never_raise():
 
 
 def test_learning_preset_composes():
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
 
     cfg = load(["+experiment=babyai_goto"])  # checked against the schema like any training config
     assert cfg.env.name == "babyai" and list(cfg.env.kwargs["levels"]) == ["BabyAI-GoToLocal-v0"]
@@ -174,9 +174,9 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
 
 
 def test_data_make_writes_unseen_seeds_for_validation(tmp_path):
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
     from openmanus_rl_core.commands.data import make
-    from openmanus_rl_core.data import load_tasks
+    from openmanus_rl_core.data.tasks import load_tasks
 
     assert make(load(["env=babyai", f"data.dir={tmp_path}"], training=False)) == 0
     train, val = load_tasks(tmp_path / "train.parquet"), load_tasks(tmp_path / "val.parquet")

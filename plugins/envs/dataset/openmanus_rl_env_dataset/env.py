@@ -41,7 +41,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-from openmanus_rl_core.data import DataError, load_tasks
+from openmanus_rl_core.data.tasks import DataError, load_tasks
 from openmanus_rl_core.protocols import StepResult
 
 from openmanus_rl_env_dataset.arithmetic import arithmetic_rows
@@ -192,7 +192,7 @@ class DatasetEnv:
       SQuAD normalisation (``"exact"``: after stripping whitespace only; None: no ``success`` in info). It feeds
       the success-rate metrics and the ``goal`` reward; the env's own reward stays 0.
 
-    Bad data raises :class:`~openmanus_rl_core.data.DataError` at construction, naming the file (or ``rows[i]``),
+    Bad data raises :class:`~openmanus_rl_core.data.tasks.DataError` at construction, naming the file (or ``rows[i]``),
     the column and the row.
     """
 

@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from openmanus_rl_core.commands.data import make as make_data
-from openmanus_rl_core.data import DataError, load_tasks
+from openmanus_rl_core.data.tasks import DataError, load_tasks
 from openmanus_rl_core.protocols import Generation, OracleEnv, ParsedAction, Trajectory, Turn
-from openmanus_rl_core.registry import registry
-from openmanus_rl_core.rewards import RewardComposer
+from openmanus_rl_core.plugin.registry import registry
+from openmanus_rl_core.rewards.composer import RewardComposer
 from openmanus_rl_core.testing import check_env, check_oracle
 from openmanus_rl_env_dataset import DEFAULT_INSTRUCTION, DatasetEnv, arithmetic_rows, hooks, make_arithmetic
 
@@ -187,7 +187,7 @@ def test_file_rows_are_cached_until_the_file_changes(tmp_path):
 
 # ------------------------------------------------------------------------------------ task files and rewards
 def _cfg(tmp_path, **env_kwargs):
-    from openmanus_rl_core.schema import Config, DataConfig, EnvConfig
+    from openmanus_rl_core.config.schema import Config, DataConfig, EnvConfig
 
     return Config(env=EnvConfig(name="dataset", kwargs=env_kwargs, max_turns=1, train_tasks=8, val_tasks=4),
                   data=DataConfig(dir=str(tmp_path / "made"), seed=0))
@@ -247,7 +247,7 @@ def test_hook_fills_a_missing_ground_truth_from_the_step_info():
 
 def test_ground_truth_reaches_trajectory_task_through_the_agent_loop(tmp_path):
     """The rollout keeps each task row in Trajectory.task, so FunctionReward scorers see its ground truth."""
-    from openmanus_rl_core.models import build_tokenizer
+    from openmanus_rl_core.models.loading import build_tokenizer
     from openmanus_rl_core.rollout import AgentLoop, RolloutConfig
 
     make_data(_cfg(tmp_path, arithmetic_size=12))

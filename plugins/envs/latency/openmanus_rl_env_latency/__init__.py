@@ -18,9 +18,9 @@ import random
 import time
 from typing import Any, Mapping
 
-from openmanus_rl_core.envs import EnvService, open_env_service
+from openmanus_rl_core.plugin.envs import EnvService, open_env_service
 from openmanus_rl_core.protocols import StepResult
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 
 
 class LatencyEnv:

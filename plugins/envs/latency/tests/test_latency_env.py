@@ -9,7 +9,7 @@ import time
 import pytest
 
 from openmanus_rl_core.protocols import OracleEnv
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 from openmanus_rl_core.testing import check_env
 
 
@@ -76,13 +76,13 @@ def test_bad_settings_name_the_value(kwargs, words):
 
 
 def test_the_tokenizer_corpus_skips_the_simulated_waits_and_equals_the_inner_envs(tmp_path):
-    from openmanus_rl_core.config import load
-    from openmanus_rl_core.data import load_tasks
-    from openmanus_rl_core.registry import build
-    from openmanus_rl_core.task_generation import ensure_task_files
-    from openmanus_rl_core.warmup import build_corpus
+    from openmanus_rl_core.config.loading import load
+    from openmanus_rl_core.data.tasks import load_tasks
+    from openmanus_rl_core.plugin.registry import build
+    from openmanus_rl_core.data.generation import ensure_task_files
+    from openmanus_rl_core.run.warmup import build_corpus
 
-    # The corpus the trainer builds for `train env=latency env.kwargs.median_ms=300` (model_dir.py): every
+    # The corpus the trainer builds for `train env=latency env.kwargs.median_ms=300` (run/model_folder.py): every
     # training task's oracle episode, each step 300 ms or more if played through the wrapper (~555 s in all).
     cfg = load(["env=latency", "env.kwargs.median_ms=300"])
     tasks = load_tasks(ensure_task_files(cfg, tmp_path)[0])[: cfg.model.corpus_tasks or None]

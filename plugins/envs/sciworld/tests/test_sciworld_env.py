@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from openmanus_rl_core.protocols import OracleEnv, StepResult
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 from openmanus_rl_core.testing import check_env, hostile_texts, oracle_rollout
 from openmanus_rl_env_sciworld import SciWorldEnv, hooks
 from openmanus_rl_env_sciworld.jvm import POOL
@@ -129,7 +129,7 @@ def test_conformance_and_arbitrary_actions():
 
 
 def _tokenizer(env, tasks):
-    from openmanus_rl_core.models import build_tokenizer
+    from openmanus_rl_core.models.loading import build_tokenizer
 
     texts = [env.reset(t["task_id"], 0) for t in tasks[:3]] + [env.instruction]
     env.close()
@@ -180,9 +180,9 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
 
 
 def test_data_make_writes_scienceworld_splits(tmp_path):
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
     from openmanus_rl_core.commands.data import make
-    from openmanus_rl_core.data import load_tasks
+    from openmanus_rl_core.data.tasks import load_tasks
 
     assert make(load(["env=sciworld", f"data.dir={tmp_path}"], training=False)) == 0
     train, val = load_tasks(tmp_path / "train.parquet"), load_tasks(tmp_path / "val.parquet")

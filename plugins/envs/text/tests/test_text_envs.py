@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from openmanus_rl_core.protocols import OracleEnv, StepResult
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 from openmanus_rl_core.testing import check_env, check_oracle
 from openmanus_rl_env_text import VOCAB, GuessNumberEnv, KeyDoorEnv, WordCopyEnv, hooks
 from openmanus_rl_env_text.key_door import START

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from openmanus_rl_core.protocols import OracleEnv, StepResult
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 from openmanus_rl_core.testing import check_env, check_oracle, hostile_texts, oracle_rollout
 from openmanus_rl_env_textcraft import TextCraftEnv, hooks
 
@@ -99,7 +99,7 @@ def test_conformance_kit(env):
 
 
 def test_oracle_through_the_rollout_loop_on_20_validation_tasks(env):
-    from openmanus_rl_core.models import build_tokenizer
+    from openmanus_rl_core.models.loading import build_tokenizer
 
     tasks = [{"task_id": env.num_train + k, "seed": k} for k in range(20)]
     texts = [env.reset(t["task_id"], t["seed"]) for t in tasks] + [env.instruction]
@@ -156,9 +156,9 @@ def test_two_step_grpo_train_from_the_command_line(tmp_path):
 
 
 def test_data_make_writes_our_splits(tmp_path):
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
     from openmanus_rl_core.commands.data import make
-    from openmanus_rl_core.data import load_tasks
+    from openmanus_rl_core.data.tasks import load_tasks
 
     assert make(load(["env=textcraft", f"data.dir={tmp_path}"], training=False)) == 0
     train, val = load_tasks(tmp_path / "train.parquet"), load_tasks(tmp_path / "val.parquet")

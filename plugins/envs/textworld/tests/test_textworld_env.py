@@ -164,7 +164,7 @@ def test_conformance_kit(games_dir):
 
 
 def test_instruction_and_registry(games_dir):
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.plugin.registry import registry
 
     env = registry("env").build("textworld", games_dir=str(games_dir), make_args=MAKE_ARGS)
     try:

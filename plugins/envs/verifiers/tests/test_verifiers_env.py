@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 from openmanus_rl_core.testing import check_env
 from openmanus_rl_env_verifiers import spec
 from openmanus_rl_env_verifiers.agent import VerifiersEpisodeError, play

@@ -148,7 +148,7 @@ class SummaryMemory:
         if self.engine_spec is None:
             return None
         if self._engine is None:
-            from openmanus_rl_core.registry import build
+            from openmanus_rl_core.plugin.registry import build
 
             runtime = {"tokenizer": tokenizer}
             if "settings_key" in _accepted(self.engine_spec["name"]):  # its messages then name memory.kwargs.engine
@@ -175,8 +175,8 @@ class SummaryMemory:
 
 
 def _accepted(engine: str) -> dict:
-    from openmanus_rl_core.plugin_kwargs import accepted_kwargs
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.config.plugin_kwargs import accepted_kwargs
+    from openmanus_rl_core.plugin.registry import registry
 
     return (accepted_kwargs(registry("engine").get(engine)) or ({}, False))[0]
 
@@ -184,8 +184,8 @@ def _accepted(engine: str) -> dict:
 def _check_engine(spec: Any) -> None:
     """writer=engine: a known engine that needs no in-process model, with kwargs it takes."""
     from openmanus_rl_core.config import ConfigError
-    from openmanus_rl_core.plugin_kwargs import check_kwargs
-    from openmanus_rl_core.registry import registry
+    from openmanus_rl_core.config.plugin_kwargs import check_kwargs
+    from openmanus_rl_core.plugin.registry import registry
 
     if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str) or set(spec) - {"name", "kwargs"}:
         raise ValueError(f"engine={spec!r}: must be a mapping {{name: <engine>, kwargs: {{...}}}}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from openmanus_rl_core.protocols import PastTurn
-from openmanus_rl_core.registry import build
+from openmanus_rl_core.plugin.registry import build
 from openmanus_rl_core.testing import check_memory
 
 TURNS = [PastTurn(reply=f"<action>a{k}</action>", action=f"a{k}", observation=f"o{k}\nmore") for k in range(5)]

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from openmanus_rl_core.protocols import ParsedAction, RewardComponent, Trajectory, Turn
-from openmanus_rl_core.registry import registry
-from openmanus_rl_core.rewards import RewardComposer
+from openmanus_rl_core.plugin.registry import registry
+from openmanus_rl_core.rewards.composer import RewardComposer
 from openmanus_rl_core.testing import check_reward
 from openmanus_rl_rewards.components import (
     FormatReward,
@@ -153,7 +153,7 @@ class SilentTemplate(OwnTemplate):
 
 def composer_with(template, **format_kwargs) -> RewardComposer:
     """The shipped default reward (its format kwargs updated), composed as trainer_setup composes it."""
-    from openmanus_rl_core.config import load
+    from openmanus_rl_core.config.loading import load
 
     components = load([]).reward.components
     components["format"]["kwargs"].update(format_kwargs)
@@ -336,7 +336,7 @@ def test_overlong_soft_penalty_by_hand():
 
 
 def test_overlong_config_adds_to_the_default_reward():
-    from openmanus_rl_core.config import compose
+    from openmanus_rl_core.config.loading import compose
 
     cfg = compose(["reward=overlong", "rollout.max_new_tokens=24"])
     comps = cfg.reward.components

@@ -10,10 +10,10 @@ import pickle
 import pytest
 import torch
 
-from openmanus_rl_core.models import build_tokenizer
+from openmanus_rl_core.models.loading import build_tokenizer
 from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
-from openmanus_rl_core.registry import registry
-from openmanus_rl_core.rewards import ComponentSpec, RewardComposer
+from openmanus_rl_core.plugin.registry import registry
+from openmanus_rl_core.rewards.composer import ComponentSpec, RewardComposer
 from openmanus_rl_core.testing import check_reward
 from openmanus_rl_reward_model import RewardModelScorer
 

@@ -1,7 +1,7 @@
 """Function-style scorers: ``compute_score(solution_str, ground_truth, **kwargs) -> float | dict``.
 
 Each is registered directly under ``openmanus_rl.rewards`` (no class around it); the reward composer wraps it
-in :class:`~openmanus_rl_core.rewards.FunctionReward`, which passes the trajectory's last reply as
+in :class:`~openmanus_rl_core.rewards.components.FunctionReward`, which passes the trajectory's last reply as
 ``solution_str``, the task row's ``ground_truth`` (or ``reward_model.ground_truth``), the row's other fields
 and the configured ``kwargs``. Select one in a reward config::
 

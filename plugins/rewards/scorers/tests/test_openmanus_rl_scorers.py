@@ -8,8 +8,9 @@ import math
 import pytest
 
 from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
-from openmanus_rl_core.registry import registry
-from openmanus_rl_core.rewards import FunctionReward, RewardComposer
+from openmanus_rl_core.plugin.registry import registry
+from openmanus_rl_core.rewards.components import FunctionReward
+from openmanus_rl_core.rewards.composer import RewardComposer
 from openmanus_rl_core.testing import check_reward
 from openmanus_rl_scorers import (
     bleu,

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from openmanus_rl_core.protocols import ActionTemplate, ParsedAction
-from openmanus_rl_core.registry import registry
+from openmanus_rl_core.plugin.registry import registry
 from openmanus_rl_core.testing import check_template
 from openmanus_rl_templates import AgentGymTemplate, JsonToolTemplate, ReactTemplate, hooks
 

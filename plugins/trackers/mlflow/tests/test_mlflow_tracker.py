@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from openmanus_rl_core.config import compose
-from openmanus_rl_core.plugins import make_plugin_manager
+from openmanus_rl_core.config.loading import compose
+from openmanus_rl_core.plugin.manager import make_plugin_manager
 from openmanus_rl_core.testing import SMALL_RUN
 
 

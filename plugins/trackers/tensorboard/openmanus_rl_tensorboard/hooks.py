@@ -2,7 +2,7 @@
 the metrics logger writes the scalars to (``<run_dir>/tensorboard``).
 
 - run start: the composed config as YAML text (tag ``config``, TEXT tab);
-- run end: the flat config leaves (:func:`~openmanus_rl_core.metrics.config_params`) against the final metrics
+- run end: the flat config leaves (:func:`~openmanus_rl_core.run.metrics.config_params`) against the final metrics
   that are numbers (HPARAMS tab), so runs compare by their settings.
 
 Settings (:class:`Kwargs`) go at ``trainer.tracker_kwargs.tensorboard.<name>``.
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from openmanus_rl_core.hookspecs import hookimpl
-from openmanus_rl_core.metrics import TENSORBOARD_DIR, config_params, config_tree, finite_numbers, logger_selected
-from openmanus_rl_core.plugin_kwargs import tracker_settings
+from openmanus_rl_core.run.metrics import TENSORBOARD_DIR, config_params, config_tree, finite_numbers, logger_selected
+from openmanus_rl_core.config.plugin_kwargs import tracker_settings
 
 NAME = "tensorboard"
 

@@ -3,8 +3,8 @@ in the TensorBoard folder of the run, read back with TensorBoard's own event rea
 
 from __future__ import annotations
 
-from openmanus_rl_core.config import compose
-from openmanus_rl_core.plugins import make_plugin_manager
+from openmanus_rl_core.config.loading import compose
+from openmanus_rl_core.plugin.manager import make_plugin_manager
 
 
 def _events(folder):

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 from openmanus_rl_core.hookspecs import hookimpl
-from openmanus_rl_core.metrics import config_tree, finite_numbers, logger_selected
-from openmanus_rl_core.plugin_kwargs import tracker_settings
+from openmanus_rl_core.run.metrics import config_tree, finite_numbers, logger_selected
+from openmanus_rl_core.config.plugin_kwargs import tracker_settings
 
 NAME = "wandb"
 PROJECT = "openmanus-rl"

@@ -1,0 +1,92 @@
+"""The cross-field rules of a training run's config (:data:`RULES`), checked by
+:func:`openmanus_rl_core.config.loading.load` after the schema's types and ranges: each rule returns one line naming the
+key and value that break it, or None."""
+
+from __future__ import annotations
+
+from openmanus_rl_core.config.schema import Config
+
+# Estimators that standardise or baseline within a group of samples of one task.
+GROUP_ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "gigpo")
+# Estimators that read the critic's values.
+VALUE_ESTIMATORS = ("gae",)
+
+
+def _rule_group_size(c: Config) -> str | None:
+    if c.algorithm.adv_estimator in GROUP_ESTIMATORS and c.rollout.n < 2:
+        return (f"rollout.n={c.rollout.n}: algorithm.adv_estimator={c.algorithm.adv_estimator} compares samples "
+                f"within a group and needs rollout.n >= 2")
+    return None
+
+
+def _rule_critic(c: Config) -> str | None:
+    if c.algorithm.adv_estimator in VALUE_ESTIMATORS and not c.algorithm.use_critic:
+        return (f"algorithm.use_critic={c.algorithm.use_critic}: algorithm.adv_estimator="
+                f"{c.algorithm.adv_estimator} reads values and needs algorithm.use_critic=true")
+    return None
+
+
+def _rule_reply_budget(c: Config) -> str | None:
+    if c.rollout.max_new_tokens > c.rollout.max_response_tokens:
+        return (f"rollout.max_new_tokens={c.rollout.max_new_tokens}: one reply cannot exceed "
+                f"rollout.max_response_tokens={c.rollout.max_response_tokens}")
+    return None
+
+
+def _rule_sample_budget(c: Config) -> str | None:
+    if c.rollout.max_new_tokens >= c.rollout.max_sample_tokens:
+        return (f"rollout.max_sample_tokens={c.rollout.max_sample_tokens}: a turn sample needs room for its context "
+                f"besides rollout.max_new_tokens={c.rollout.max_new_tokens}; raise it above that")
+    return None
+
+
+def _rule_correction(c: Config) -> str | None:
+    if c.algorithm.rollout_correction == "tis" and c.algorithm.recompute_old_log_probs in ("false", "rollout"):
+        return (f"algorithm.recompute_old_log_probs={c.algorithm.recompute_old_log_probs}: "
+                f"algorithm.rollout_correction=tis weighs the engine's log-probs against recomputed ones; "
+                f"use recompute_old_log_probs=auto or true")
+    return None
+
+
+def _rule_replicate_precision(c: Config) -> str | None:
+    for role, sec in (("actor", c.actor), ("critic", c.critic)):
+        if sec.sharding == "replicate" and c.trainer.mixed_precision:
+            return (f"{role}.sharding=replicate: trainer.mixed_precision={c.trainer.mixed_precision} needs an FSDP2 "
+                    f"sharding; use {role}.sharding=full, grad_op or auto")
+    return None
+
+
+def _rule_overlap_update(c: Config) -> str | None:
+    """The overlapped update computes each group's gradient alone, before the batch is complete."""
+    if not c.rollout.overlap_update:
+        return None
+    a, actor = c.algorithm, c.actor
+    conflicts = (  # (the setting is in the way, why)
+        (c.rollout.max_staleness != 0,
+         f"rollout.max_staleness={c.rollout.max_staleness} (it needs the stream at 0: one version per batch)"),
+        (a.adv_estimator not in GROUP_ESTIMATORS,
+         f"algorithm.adv_estimator={a.adv_estimator} (it needs a group baseline: {', '.join(GROUP_ESTIMATORS)})"),
+        (a.use_critic or c.critic.warmup_steps > 0,
+         f"algorithm.use_critic={a.use_critic}, critic.warmup_steps={c.critic.warmup_steps}"),
+        (a.use_kl_in_reward or a.use_kl_loss,
+         f"algorithm.use_kl_in_reward={a.use_kl_in_reward}, use_kl_loss={a.use_kl_loss} (no reference pass)"),
+        (actor.ppo_epochs != 1 or actor.ppo_mini_batch_size is not None,
+         f"actor.ppo_epochs={actor.ppo_epochs}, ppo_mini_batch_size={actor.ppo_mini_batch_size} "
+         f"(one optimizer step per batch)"),
+        (a.recompute_old_log_probs == "true",
+         f"algorithm.recompute_old_log_probs={a.recompute_old_log_probs} (no separate old-log-prob pass)"),
+    )
+    why = next((w for bad, w in conflicts if bad), None)
+    return None if why is None else f"rollout.overlap_update=true does not work with {why}"
+
+
+def _rule_agent(c: Config) -> str | None:
+    g = c.agent
+    if g.command and g.function:
+        return f"agent.command={g.command!r} and agent.function={g.function!r}: set one of them"
+    return None
+
+
+# Cross-field rules of a training run: each returns one line naming the key and value, or None.
+RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_correction,
+         _rule_replicate_precision, _rule_overlap_update, _rule_agent)

@@ -1,0 +1,144 @@
+"""A run's set-up, before its fit loop: everything :class:`~openmanus_rl_core.run.trainer.Trainer` builds from its
+config -- the run directory and resume point, the env's servers, the task files and the sampler, the components
+used on the driver (template, reward composer, allocator, advantage estimator, group filter, KL controller), the
+model folder and the worker groups."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import time
+from typing import Any
+
+import numpy as np
+
+from openmanus_rl_core.process import heap
+from openmanus_rl_core.algorithms.correction import correction_mode
+from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter
+from openmanus_rl_core.rewards.callables import RECORD_KEY, record
+
+
+def seed_all(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+def quiet_transformers() -> None:
+    """transformers' progress bars (saving / loading the model) would clutter the console."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except Exception:  # an old transformers without these: only cosmetic
+        pass
+
+
+def setup(trainer: Any) -> None:
+    """Build ``trainer``'s run from its config (the attributes the fit loop reads)."""
+    import torch
+
+    from openmanus_rl_core.algorithms import make_kl_controller
+    from openmanus_rl_core.data.tasks import load_tasks, require_tasks
+    from openmanus_rl_core.plugin.envs import EnvErrorWatch, open_env_service
+    from openmanus_rl_core.run.metrics import make_run_dir
+    from openmanus_rl_core.run.model_folder import prepare_model_dir
+    from openmanus_rl_core.models.loading import check_model, recipe_line
+    from openmanus_rl_core.plugin.manager import make_plugin_manager
+    from openmanus_rl_core.plugin.registry import build, registry
+    from openmanus_rl_core.run.resume import resume_point
+    from openmanus_rl_core.rewards.composer import RewardComposer
+    from openmanus_rl_core.data.generation import ensure_task_files
+    from openmanus_rl_core.data.sampler import TaskSampler
+
+    cfg = trainer.cfg
+    trainer.t_start = time.perf_counter()
+    trainer.seed = cfg.seed
+    seed_all(trainer.seed)
+    torch.set_num_threads(cfg.trainer.driver_threads or os.cpu_count() or 1)
+    trainer.total_steps = cfg.trainer.total_steps
+    check_model(cfg.model)  # before anything is created: a bad model or tokenizer is one clear message
+    trainer.run_dir = make_run_dir(cfg)
+    trainer.resume_path, trainer._resume_state = resume_point(trainer.run_dir, cfg.trainer.resume, trainer.log)
+    trainer.log(recipe_line(cfg, resumed_from=trainer.resume_path))
+    if not (trainer.run_dir / "config.json").exists():  # the record of the run's first settings, never rewritten
+        settings = {**dataclasses.asdict(cfg), RECORD_KEY: record(trainer.python_rewards)}
+        (trainer.run_dir / "config.json").write_text(json.dumps(settings, indent=2, default=str))
+    trainer.pm = make_plugin_manager()
+
+    # The env's servers: checked (or started, by this process only) before any model or tokenizer is built.
+    # Every env, here and in the workers, is built from the kwargs the service hands back (servers by URL).
+    trainer.env_service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs)
+    cfg.env.kwargs = trainer.env_service.kwargs
+    trainer.env_errors = EnvErrorWatch(cfg.trainer.max_env_error_steps, trainer.env_service.check)
+
+    # Task files: configured, or generated into the run directory (deterministic, so a resumed run
+    # regenerates the very same files).
+    data_dir = trainer.run_dir / "data"
+    train_files, val_files = ensure_task_files(cfg, data_dir)
+    trainer.train_tasks = load_tasks(train_files)
+    trainer.val_tasks = load_tasks(val_files)
+    tcfg = cfg.trainer
+    validation = {k: getattr(tcfg, k) for k in ("val_freq", "val_before_train", "val_at_end")}
+    if any(validation.values()):  # an empty set would log val/* as null at every validation, silently
+        settings = " ".join(f"trainer.{k}={v}" for k, v in validation.items())
+        require_tasks(trainer.val_tasks, val_files, f"the run validates ({settings}); give validation tasks "
+                      f"(data.val_files, or env.val_tasks > 0) or turn validation off (trainer.val_freq=0 "
+                      f"trainer.val_before_train=false trainer.val_at_end=false)")
+    if tcfg.val_max_tasks:
+        trainer.val_tasks = trainer.val_tasks[: tcfg.val_max_tasks]
+    trainer.sampler = TaskSampler(trainer.train_tasks, cfg.data.train_batch_size, seed=cfg.data.seed,
+                                  shuffle=cfg.data.shuffle)
+
+    # Components used on the driver.
+    trainer.template = build("template", cfg.template)
+    trainer.env_factory = lambda: build("env", cfg.env)
+    configured = RewardComposer.from_config(cfg.reward.components, template=trainer.template)
+    trainer.composer = RewardComposer([*configured.specs, *trainer.python_rewards])  # callables checked alike
+    trainer.allocator = build("allocator", cfg.allocator)
+    trainer.algo = algo = cfg.algorithm
+    trainer.n = cfg.rollout.n
+    trainer.estimator = registry("advantage").get(algo.adv_estimator)
+    trainer.use_critic = algo.use_critic
+    # Old log-probs of the PPO ratio: auto (recomputed by the actor only when the update is off-policy within
+    # a step), true (always recomputed), false (never), rollout (the engine's sampling log-probs).
+    trainer.old_log_probs_mode = algo.recompute_old_log_probs
+    # Off-policy correction (algorithms/correction.py): tis in the actor's update, which then needs the engine's
+    # log-probs; behaviour takes the PPO ratio against them.
+    trainer.correction = correction_mode(algo, cfg.rollout)
+    filtering = algo.filter_groups.enabled
+    trainer.group_filter = GroupFilter(trainer.composer, algo.filter_groups.metric) if filtering else None
+    extra = algo.filter_groups.max_extra_groups
+    trainer.max_extra_groups = cfg.data.train_batch_size if extra is None else extra
+    trainer.kl_ctrl = make_kl_controller(**dataclasses.asdict(algo.kl_ctrl))
+
+    # The model every worker loads: a local HF folder, or the embedded tiny model built now.
+    trainer.model_dir, trainer.tokenizer = prepare_model_dir(cfg, trainer.run_dir, trainer.train_tasks,
+                                                             trainer.env_factory, trainer.template, trainer.log,
+                                                             resuming=trainer.resume_path is not None)
+    trainer.pad_token_id = trainer.tokenizer.pad_token_id
+    start_workers(trainer)
+    heap.freeze()  # Trainer.shutdown gives the objects back
+
+
+def start_workers(trainer: Any) -> None:
+    """The actor (and critic) worker groups, from ``trainer.worker_classes()``; also after a worker failure."""
+    from openmanus_rl_core.distributed.sizing import ensure_ray, start_worker_groups
+
+    with trainer.stop.deferred():  # Ray's imports and start-up are not cut in the middle
+        trainer.ray_started = ensure_ray(trainer.cfg.trainer) or trainer.ray_started
+        t0 = time.perf_counter()
+        actor_cls, critic_cls = trainer.worker_classes()
+        trainer.actor, trainer.critic = start_worker_groups(trainer.cfg, actor_cls,
+                                                            critic_cls if trainer.use_critic else None,
+                                                            trainer.model_dir, trainer.total_steps)
+    W, info = trainer.actor.size, trainer.actor.setup_info[0]
+    trainer.log(f"{W} actor worker(s){' + ' + str(W) + ' critic worker(s)' if trainer.critic else ''} ready on "
+                f"{info['device']} in {time.perf_counter() - t0:.1f}s; policy parameters: {info['params']:,}; "
+                f"sharding: {info.get('sharding', 'full')}")

@@ -1,0 +1,50 @@
+"""Validation during training: every validation task played greedily (or at ``trainer.val_temperature``) by the
+actor ranks, scored by the run's reward, with its samples written to ``<run>/validation/`` for reading later."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from openmanus_rl_core.run.metrics import mean, success_interval
+from openmanus_rl_core.process.alive import Alive
+from openmanus_rl_core.protocols import TERMINATIONS
+
+
+def validate(trainer: Any, step: int, prefix: str = "val") -> dict[str, float]:
+    """Greedy (or low-temperature) episodes on every validation task: ``<prefix>/reward_mean``,
+    ``<prefix>/success_rate`` with its 95% interval (``success_ci_low``/``_high``) and the reward breakdown. The sampling RNG is left untouched."""
+    from openmanus_rl_core.rollout import expand_tasks, rollout_metrics
+
+    t0 = time.perf_counter()
+    tasks = [dict(t, group_id=f"val:{i}") for i, t in enumerate(trainer.val_tasks)]
+    tasks = expand_tasks(tasks, 1)
+    overrides = {"n": 1, "greedy": trainer.cfg.trainer.val_greedy, "temperature": trainer.cfg.trainer.val_temperature}
+    what = "validation" if prefix == "val" else f"validation ({prefix})"
+    with Alive(trainer.log, what, note=f"{len(tasks)} tasks"):  # the actor ranks play them: lines while waiting
+        episodes = trainer._rollout(tasks, overrides, keep_rng=True)
+    trajs = [e.trajectory for e in episodes]
+    breakdowns, rmetrics = trainer.composer.compose_batch(trajs)
+    out = {
+        f"{prefix}/reward_mean": mean([b.total for b in breakdowns]),
+        f"{prefix}/success_rate": mean([bool(t.success) for t in trajs]),
+        **dict(zip((f"{prefix}/success_ci_low", f"{prefix}/success_ci_high"),
+                   success_interval([t.success for t in trajs]))),
+        f"{prefix}/num_turns": mean([t.num_turns for t in trajs]),
+        f"{prefix}/response_length": mean([sum(e.response_mask) for e in episodes]),
+    }
+    out.update({f"{prefix}/{k}": v for k, v in rmetrics.items() if k.endswith("/mean")})
+    ro = rollout_metrics(episodes)
+    for name in TERMINATIONS:
+        if f"rollout/termination/{name}" in ro:
+            out[f"{prefix}/termination/{name}"] = ro[f"rollout/termination/{name}"]
+    out[f"timing/{prefix}"] = time.perf_counter() - t0
+    from openmanus_rl_core.rollout.records import write_validation  # the samples, readable later
+
+    write_validation(trainer.run_dir, step, prefix, episodes, breakdowns, trainer.tokenizer, out)
+    if trainer.cfg.trainer.val_samples_to_log:
+        for e in episodes[:trainer.cfg.trainer.val_samples_to_log]:
+            trainer.log(f"  [{prefix} sample] task {e.trajectory.task_id}: "
+                     + " | ".join(repr(t.response) for t in e.trajectory.turns))
+    return out
+
