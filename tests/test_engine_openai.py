@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from openmanus_rl_core.engines import EngineUnavailableError
-from openmanus_rl_core.engines.served import ChatSplit, OpenAIEngine, ServedModelError
+from openmanus_rl_core.engines.served import OpenAIEngine, ServedModelError
+from openmanus_rl_core.rollout.chat import ChatSplit
 from openmanus_rl_core.protocols import SamplingParams
 from tests.fake_openai import FakeOpenAI, key_door_oracle
 

@@ -1,7 +1,9 @@
-"""The token pieces of a chat template around turns (:class:`ChatDelta`)."""
+"""The token pieces of a chat template around turns (:class:`ChatDelta`), and a rendered prompt split back into its
+messages (:class:`ChatSplit`, for a served model asked through a chat API)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,3 +57,29 @@ class ChatDelta:
             mid = mid[k:]
         return list(mid) + list(obs_ids) + list(self.tail_ids)
 
+
+class ChatSplit:
+    """Chat messages back from a prompt the run's chat template rendered (``api=chat``), split at the text the
+    template puts before the system message, a user message and an assistant message (found from dummy contents)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, marks = tokenizer, ["OMRLsysS", "OMRLuserU", "OMRLasstA", "OMRLuserV"]
+        full = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in zip(
+            ("system", "user", "assistant", "user"), marks)], tokenize=False, add_generation_prompt=True)
+        pieces = re.split("|".join(marks), full)
+        if any(full.count(c) != 1 for c in marks) or pieces[3:] != pieces[1:3]:
+            raise ValueError("api=chat: the run's chat template does not render each message's content verbatim "
+                             "between the same texts for each role; use api=completions")
+        self.head, self.before_user, self.before_assistant = pieces[:3]
+
+    def messages(self, prompt_ids: Sequence[int]) -> list[dict[str, str]]:
+        """The messages of a prompt that ends with the assistant header (``[system, user, (assistant, user)*]``)."""
+        text = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+        start = text.find(self.head) if self.head else 0
+        if start < 0 or not text.endswith(self.before_assistant):
+            raise ValueError("api=chat: the prompt does not have the layout of the run's chat template; "
+                             "use api=completions")
+        role = {s: r for s, r in ((self.before_user, "user"), (self.before_assistant, "assistant")) if s}
+        body = text[start + len(self.head): len(text) - len(self.before_assistant)]
+        parts = re.split(f"({'|'.join(map(re.escape, role))})", body) if role else [body]
+        return [{"role": r, "content": c} for r, c in zip(["system"] + [role[s] for s in parts[1::2]], parts[::2])]
