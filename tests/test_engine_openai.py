@@ -102,6 +102,24 @@ def test_at_most_max_concurrency_requests_are_in_flight_and_replies_keep_their_o
     assert [g.text for g in gens] == [f"<action>{k + 1}</action>" for k in range(6)]
 
 
+def test_each_request_carries_a_seed_of_its_own_and_the_same_run_sends_the_same_seeds(tokenizer):
+    """A server that honours ``seed`` (vLLM, SGLang) samples a run's replies again alike: each prompt's request has
+    its own seed, drawn in the prompts' order from a generator seeded with the engine's ``seed``."""
+    prompts = [prompt(tokenizer)[: k + 1] for k in range(5)]
+
+    def seeds_sent(seed: int) -> list[int]:
+        with FakeOpenAI(lambda body: f"<action>{len(body['prompt'])}</action>") as server:
+            e = engine(server, tokenizer, max_concurrency=3, seed=seed)
+            e.generate(prompts, STOP)
+            e.generate(prompts[:2], STOP)
+        by_prompt = sorted((len(b["prompt"]), i >= 5, b["seed"]) for i, b in enumerate(server.requests))
+        return [s for _, _, s in by_prompt]
+
+    first = seeds_sent(7)
+    assert first == seeds_sent(7) and len(set(first)) == 7
+    assert seeds_sent(8) != first
+
+
 def test_an_empty_prompt_is_refused_before_any_request(tokenizer):
     with FakeOpenAI(lambda body: "<action>ok</action>") as server:
         with pytest.raises(ValueError, match="OpenAIEngine.generate got an empty prompt"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,8 +37,9 @@ class ServedModelError(EngineUnavailableError):
 
 class OpenAIEngine:
     """Replies from an OpenAI-compatible server (``protocols.RolloutEngine``); ``settings_key`` names where these
-    settings live, for the messages. Unused: ``backoff_s`` (the SDK backs off 0.5 s doubling to 8 s), ``seed`` and
-    ``device`` (the common engine call)."""
+    settings live, for the messages. Each request carries a ``seed`` of its own, drawn from a generator seeded with
+    ``seed``: a server that honours it (vLLM, SGLang, TGI) samples a run's replies again alike. Unused: ``backoff_s``
+    (the SDK backs off 0.5 s doubling to 8 s) and ``device`` (the common engine call)."""
 
     trainable = False  # no weights here and no log-probs guaranteed: `train` refuses this engine
     needs_model = False  # rollout and eval load only the tokenizer
@@ -71,7 +73,7 @@ class OpenAIEngine:
         self.timeout = httpx.Timeout(self.timeout_s, connect=float(connect_timeout_s))
         self.chat = ChatSplit(tokenizer) if api == "chat" and tokenizer is not None else None
         self.url = f"{self.base_url}/{'chat/completions' if api == 'chat' else 'completions'}"
-        self.calls, self.stats = 0, {"requests": 0, "retries": 0}
+        self.calls, self.stats, self.seeds = 0, {"requests": 0, "retries": 0}, random.Random(seed)
         # A client per thread, each with a pool of its own (one pool shared by many concurrent requests costs time
         # quadratic in them), all on one TLS context (making one costs ~20 ms).
         self._tls, self._local, self._clients = httpx.create_ssl_context(), threading.local(), []
@@ -134,13 +136,14 @@ class OpenAIEngine:
             raise EngineUnavailableError(f"the server at {at} does not serve model {self.model_name!r}; it serves "
                                          f"{', '.join(names)} (set {where}.model)")
 
-    def _one(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
+    def _one(self, prompt: Sequence[int], params: SamplingParams, seed: int) -> Generation:
         greedy = bool(params.greedy) or params.temperature is None or params.temperature <= 0
         stops = [s for s in (params.stop or []) if s]
         body = {"model": self.model_name, "max_tokens": int(params.max_new_tokens), "n": 1, "stop": stops or None,
                 "temperature": 0.0 if greedy else float(params.temperature),
                 "top_p": 1.0 if greedy else float(params.top_p),
-                "top_k": None if greedy else params.top_k or None}  # top_k: a vLLM / SGLang extension, when set
+                "top_k": None if greedy else params.top_k or None,  # top_k: a vLLM / SGLang extension, when set
+                "seed": seed}
         if self.chat:
             body["messages"] = self.chat.messages(prompt)
         else:
@@ -186,7 +189,8 @@ class OpenAIEngine:
         params, self.calls = params or SamplingParams(), self.calls + 1
         if prompts:
             check_prompts(prompts, "OpenAIEngine")
-        return list(self._pool.map(lambda p: self._one(p, params), prompts))
+        seeds = [self.seeds.randrange(2 ** 31) for _ in prompts]  # drawn in order: the same run, the same seeds
+        return list(self._pool.map(lambda p, s: self._one(p, params, s), prompts, seeds))
 
     def update_weights(self, state_dict: dict[str, Any]) -> None:
         raise ServedModelError("the openai engine serves a remote model; its weights cannot be updated from here")
