@@ -2,15 +2,14 @@
 
     python -m tools.house            # prints the report, exits 1 when a rule is broken
 
-Every import counts, wherever it sits (a lazy import inside a function is still an arrow); only the blocks under
-``if TYPE_CHECKING:`` are skipped, since they never run.
+Every import counts, wherever it sits: a lazy import inside a function, or one under ``if TYPE_CHECKING:``, is still
+an arrow between the two files.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = "openmanus_rl_core"
@@ -32,23 +31,11 @@ def modules(root: Path) -> dict[str, Path]:
     return found
 
 
-def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node except those under ``if TYPE_CHECKING:``."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            stack.extend(node.orelse)
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
-
-
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """The package's modules that ``name`` imports: ``from pkg import sub`` names the submodule, not ``pkg``."""
     is_package = path.name == "__init__.py"
     found = set()
-    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -14,6 +14,10 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 
+# reward.on_error -> whether a component failing on every sample stops the run
+STOPS = {"raise": True, "warn": False}
+
+
 class RewardFailure(RuntimeError):
     """A reward component failed on every sample of a training step (``reward.on_error=raise``)."""
 
@@ -36,7 +40,7 @@ def check_reward_failures(labels: Sequence[str], breakdowns: Sequence[Any], traj
         first = failed[0]
         what = (f"reward {label!r} failed on {len(failed)} of {total} samples at step {step} (scored 0 there): "
                 f"{breakdowns[first].errors[label]}")
-        if len(failed) == total and on_error == "raise":
+        if len(failed) == total and STOPS[on_error]:
             raise RewardFailure(f"{what}; one of them: {_one_trajectory(trajectories[first])}. Every sample failed, "
                                 f"so the run stopped (reward.on_error=warn goes on)")
         log(("WARNING: " if len(failed) == total else "") + what)

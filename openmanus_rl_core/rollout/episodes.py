@@ -24,13 +24,10 @@ import concurrent.futures as cf
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from openmanus_rl_core.rollout.env_pool import CallStatus, EnvCallPool, describe_error
 from openmanus_rl_core.rollout.episode import Episode, LiveEpisode
-
-if TYPE_CHECKING:
-    from openmanus_rl_core.rollout.loop import AgentLoop
 
 
 class EpisodeRunner:
@@ -43,7 +40,7 @@ class EpisodeRunner:
     env time (reset + steps).
     """
 
-    def __init__(self, loop: AgentLoop):
+    def __init__(self, loop: Any):  # the AgentLoop (rollout/loop.py) whose parts it runs
         self.loop = loop
         self.cfg = loop.cfg
         self.pool = EnvCallPool(self.cfg.env_workers)
