@@ -24,7 +24,9 @@ def test_a_cycle_dropped_just_before_the_freeze_is_freed_not_frozen():
         assert alive() is not None  # unreachable, not yet freed
         frozen = heap.freeze()
         assert alive() is None
-        assert frozen == gc.get_freeze_count() > 0
+        # Another thread of the test process (Ray's, a pool's) may free a frozen object by reference count right
+        # after the freeze, so the count can only fall from what freeze() returned.
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         heap.unfreeze()
         if was_enabled:
