@@ -85,6 +85,8 @@ class Env(Protocol):
     - ``instruction: str`` -- describes the task family and the action syntax; templates put it in the
       system prompt.
     - ``num_tasks: int`` -- how many distinct task ids exist (``openmanus-rl data make`` uses it).
+    - ``start_task(task: Mapping) -> str`` -- start a task from its whole row, before anything else is tried (a mix
+      of envs, ``env=mix``, picks the row's source); ``instruction`` is then read for that task.
     - ``reset_from_observation(observation: str) -> str`` -- start the task whose first observation is the given
       text (a task given by content: a dataset row's ``observation``, e.g. the first user turn of an OpenManus-RL
       demonstration). The rollout calls it instead of ``reset`` when the task row has an ``observation``.

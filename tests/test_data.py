@@ -30,9 +30,9 @@ def test_load_documented_columns(tmp_path):
     tasks = load_tasks(p)
     assert tasks == [
         {"env": "word_copy", "task_id": 3, "seed": 10, "split": "train", "prompt": "say a", "ground_truth": "a",
-         "data_source": "unit", "extra": {"k": 1}},
+         "data_source": "unit", "source": None, "extra": {"k": 1}},
         {"env": "word_copy", "task_id": 4, "seed": 11, "split": "train", "prompt": None, "ground_truth": "b",
-         "data_source": "unit", "extra": {}},
+         "data_source": "unit", "source": None, "extra": {}},
     ]
 
 
@@ -40,7 +40,7 @@ def test_load_fills_absent_optional_columns_and_passes_unknown_ones(tmp_path):
     p = _write(tmp_path / "t.parquet", {"task_id": pa.array([1], pa.int32()), "seed": [2], "difficulty": [0.5]})
     (task,) = load_tasks(p)
     assert task == {"env": None, "task_id": 1, "seed": 2, "split": None, "prompt": None, "ground_truth": None,
-                    "data_source": None, "extra": {}, "difficulty": 0.5}
+                    "data_source": None, "source": None, "extra": {}, "difficulty": 0.5}
     assert type(task["task_id"]) is int
 
 

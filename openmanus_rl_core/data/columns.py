@@ -20,5 +20,6 @@ COLUMNS: dict[str, tuple[str, pa.DataType]] = {
     "prompt": ("string", pa.string()),
     "ground_truth": ("string", pa.string()),
     "data_source": ("string", pa.string()),
+    "source": ("string", pa.string()),
     "extra": ("string (JSON)", pa.string()),
 }

@@ -11,7 +11,7 @@ import numpy as np
 
 from openmanus_rl_core.data.tasks import DataError, write_tasks
 
-__all__ = ["generate_tasks", "write_split_files", "ensure_task_files"]
+__all__ = ["generate_tasks", "split_rows", "write_split_files", "ensure_task_files"]
 
 
 def _split_seed(data_seed: int, split: str, index: int) -> int:
@@ -44,7 +44,7 @@ def generate_tasks(env: str, train_tasks: int, val_tasks: int, seed: int = 0,
     return rows([wrap(i) for i in range(train_tasks)], "train"), rows(val_ids, "val")
 
 
-def _env_num_tasks(cfg: Any) -> int | None:
+def env_num_tasks(cfg: Any) -> int | None:
     """How many task ids the env has: ``env.num_tasks`` in the config, else the built env's attribute.
 
     Building the env can fail (an AgentGym server not running); then the count is unknown and the
@@ -73,7 +73,7 @@ def _env_num_tasks(cfg: Any) -> int | None:
             close()
 
 
-def _add_env_task_fields(cfg: Any, *splits: list[dict]) -> None:
+def add_env_task_fields(cfg: Any, *splits: list[dict]) -> None:
     """Columns an env contributes to its own task rows, merged in place.
 
     An env class with a ``task_fields(task_id) -> dict`` method (a dataset env: ``ground_truth``, ``data_source``,
@@ -101,10 +101,25 @@ def _add_env_task_fields(cfg: Any, *splits: list[dict]) -> None:
             close()
 
 
-def write_split_files(cfg: Any, out_dir: Path, which: Sequence[str] = ("train", "val")) -> dict[str, Path]:
+def split_rows(cfg: Any) -> tuple[list[dict], list[dict]]:
+    """The generated train and val rows of ``cfg.env``: an env class with ``generate_splits(kwargs, seed)`` makes its
+    own (a mix of envs: each source's rows), any other env gets :func:`generate_tasks` plus its task fields."""
+    from openmanus_rl_core.plugin.registry import PluginError, registry
+
+    try:
+        own = getattr(registry("env").get(cfg.env.name), "generate_splits", None)
+    except PluginError:  # not installed / not importable here: generated from ids alone (env_num_tasks says why)
+        own = None
+    if callable(own):
+        return own(cfg.env.kwargs, cfg.data.seed)
     train, val = generate_tasks(cfg.env.name, cfg.env.train_tasks, cfg.env.val_tasks, cfg.data.seed,
-                                _env_num_tasks(cfg))
-    _add_env_task_fields(cfg, train, val)
+                                env_num_tasks(cfg))
+    add_env_task_fields(cfg, train, val)
+    return train, val
+
+
+def write_split_files(cfg: Any, out_dir: Path, which: Sequence[str] = ("train", "val")) -> dict[str, Path]:
+    train, val = split_rows(cfg)
     out = {}
     for split, tasks in (("train", train), ("val", val)):
         if split in which:

@@ -13,6 +13,7 @@ column            type      needed     meaning
 ``prompt``        string    optional   a fixed prompt (or a chat list of ``{role, content}``)
 ``ground_truth``  string    optional   for reward components that compare against a reference
 ``data_source``   string    optional   where the task came from (reported in metrics)
+``source``        string    optional   its source in a mix of envs (``env=mix``): drawn by ratio, with its metrics
 ``extra``         string    optional   a JSON document; parsed into ``task["extra"]``
 ================  ========  =========  ==============================================================
 
@@ -50,7 +51,7 @@ __all__ = ["DataError", "COLUMNS", "load_tasks", "require_tasks", "write_tasks"]
 
 
 _INT_COLUMNS = ("task_id", "seed")
-_STR_COLUMNS = ("env", "split", "ground_truth", "data_source")
+_STR_COLUMNS = ("env", "split", "ground_truth", "data_source", "source")
 
 
 # ------------------------------------------------------------------------------------------ reading

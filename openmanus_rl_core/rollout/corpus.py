@@ -30,8 +30,8 @@ def tokenizer_corpus(env_factory: Callable[[], Any], template: Any, tasks: Seque
     for task in tasks:
         env = env_factory()
         try:
-            system = template.system_prompt(str(getattr(env, "instruction", "") or ""))
-            texts += [system, start_task(env, task)]
+            first = start_task(env, task)  # the instruction may be the task's (a mix of envs: its source's)
+            texts += [template.system_prompt(str(getattr(env, "instruction", "") or "")), first]
             started += 1
             if not hasattr(env, "oracle_action"):
                 continue

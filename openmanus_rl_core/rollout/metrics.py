@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from openmanus_rl_core.protocols import (
-    TERMINATIONS,
-)
+from openmanus_rl_core.protocols import TERMINATIONS, Trajectory
 from openmanus_rl_core.rollout.episode import Episode
 
 
@@ -64,3 +62,21 @@ def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None)
         out["rollout/tokens_per_s"] = agent_tokens / elapsed_s
     return out
 
+
+
+def source_metrics(prefix: str, trajectories: Sequence[Trajectory], totals: Sequence[float]) -> dict[str, float]:
+    """Per source of a mix of envs (each task row's ``source``): ``<prefix>/<source>/reward_mean``,
+    ``success_rate``, ``num_turns`` and ``episodes``; nothing when no task names a source."""
+    by_source: dict[str, list[tuple[Trajectory, float]]] = {}
+    for trajectory, total in zip(trajectories, totals):
+        source = trajectory.task.get("source")
+        if source is not None:
+            by_source.setdefault(str(source), []).append((trajectory, float(total)))
+    out: dict[str, float] = {}
+    for source, rows in sorted(by_source.items()):
+        n = len(rows)
+        out[f"{prefix}/{source}/episodes"] = float(n)
+        out[f"{prefix}/{source}/reward_mean"] = sum(total for _, total in rows) / n
+        out[f"{prefix}/{source}/success_rate"] = sum(bool(t.success) for t, _ in rows) / n
+        out[f"{prefix}/{source}/num_turns"] = sum(t.num_turns for t, _ in rows) / n
+    return out

@@ -25,8 +25,12 @@ def expand_tasks(tasks: Sequence[Mapping[str, Any]], n: int) -> list[dict[str, A
     return out
 
 def start_task(env: Any, task: Mapping[str, Any]) -> str:
-    """Start ``task`` on ``env``: by content (``env.reset_from_observation(task["observation"])``) where the row has
+    """Start ``task`` on ``env``: from its whole row where the env reads rows (``env.start_task(task)``: a mix of envs
+    picks the row's source), by content (``env.reset_from_observation(task["observation"])``) where the row has
     an ``observation`` and the env can start from one, else ``env.reset(task_id, seed)``."""
+    whole = getattr(env, "start_task", None)
+    if callable(whole):
+        return whole(task)
     observation = task.get("observation")
     if observation and callable(getattr(env, "reset_from_observation", None)):
         return env.reset_from_observation(str(observation))

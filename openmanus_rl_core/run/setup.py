@@ -55,7 +55,8 @@ def setup(trainer: Any) -> None:
     from openmanus_rl_core.run.resume import resume_point
     from openmanus_rl_core.rewards.composer import RewardComposer
     from openmanus_rl_core.data.generation import ensure_task_files
-    from openmanus_rl_core.data.sampler import TaskSampler
+    from openmanus_rl_core.data.sources import make_sampler
+    from openmanus_rl_core.plugin.mix import MixEnv, ratios
 
     cfg = trainer.cfg
     trainer.t_start = time.perf_counter()
@@ -93,8 +94,9 @@ def setup(trainer: Any) -> None:
                       f"trainer.val_before_train=false trainer.val_at_end=false)")
     if tcfg.val_max_tasks:
         trainer.val_tasks = trainer.val_tasks[: tcfg.val_max_tasks]
-    trainer.sampler = TaskSampler(trainer.train_tasks, cfg.data.train_batch_size, seed=cfg.data.seed,
-                                  shuffle=cfg.data.shuffle)
+    mix = registry("env").get(cfg.env.name) is MixEnv  # several sources: each step draws them by ratio
+    trainer.sampler = make_sampler(trainer.train_tasks, cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle,
+                                   ratios(cfg.env.kwargs["sources"]) if mix else None)
 
     # Components used on the driver.
     trainer.template = build("template", cfg.template)

@@ -185,6 +185,7 @@ class Trainer:
         """Rewards composed per trajectory and placed on tokens by the allocator: the training batch, with
         ``token_level_scores``."""
         from openmanus_rl_core.rollout import build_batch, rollout_metrics
+        from openmanus_rl_core.rollout.metrics import source_metrics
 
         trajectories = [e.trajectory for e in episodes]
         with self.timer("reward"):
@@ -208,6 +209,7 @@ class Trainer:
         metrics["train/response_length"] = mean([sum(e.response_mask) for e in episodes])
         metrics.update({f"train/{k}": v for k, v in reward_metrics.items()})
         metrics.update(ro_metrics)
+        metrics.update(source_metrics("train", trajectories, totals))  # a mix of envs: each source's own
         return batch
 
     def phase_log_probs(self, batch, metrics: dict[str, float]) -> None:

@@ -15,6 +15,7 @@ def validate(trainer: Any, step: int, prefix: str = "val") -> dict[str, float]:
     """Greedy (or low-temperature) episodes on every validation task: ``<prefix>/reward_mean``,
     ``<prefix>/success_rate`` with its 95% interval (``success_ci_low``/``_high``) and the reward breakdown. The sampling RNG is left untouched."""
     from openmanus_rl_core.rollout import expand_tasks, rollout_metrics
+    from openmanus_rl_core.rollout.metrics import source_metrics
 
     t0 = time.perf_counter()
     tasks = [dict(t, group_id=f"val:{i}") for i, t in enumerate(trainer.val_tasks)]
@@ -34,6 +35,7 @@ def validate(trainer: Any, step: int, prefix: str = "val") -> dict[str, float]:
         f"{prefix}/response_length": mean([sum(e.response_mask) for e in episodes]),
     }
     out.update({f"{prefix}/{k}": v for k, v in rmetrics.items() if k.endswith("/mean")})
+    out.update(source_metrics(prefix, trajs, [b.total for b in breakdowns]))  # a mix of envs: each source's own
     ro = rollout_metrics(episodes)
     for name in TERMINATIONS:
         if f"rollout/termination/{name}" in ro:

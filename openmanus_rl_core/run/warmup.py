@@ -80,6 +80,11 @@ def build_corpus(env_factory: Callable[[], Any], template: Any, tasks: Sequence[
         return texts + chat_transcripts(env_factory, template, tasks, max_turns, progress)
 
 
+def played_instruction(env: Any, default: str) -> str:
+    """The instruction of the task ``env`` just played (a mix of envs has one per source), else ``default``."""
+    return str(getattr(env, "instruction", "") or default) if env is not None else default
+
+
 def chat_transcripts(env_factory: Callable[[], Any], template: Any, tasks: Sequence[Mapping[str, Any]],
                      max_turns: int, progress: Alive | None = None) -> list[str]:
     """Each task's demonstration (its own, or the env's oracle episode) rendered in ChatML: none for a task
@@ -102,7 +107,7 @@ def chat_transcripts(env_factory: Callable[[], Any], template: Any, tasks: Seque
         env = env_factory() if episode is None else None
         try:
             obs0, steps = episode if episode is not None else oracle_episode(env, task, max_turns)
-            system = template.system_prompt(instruction)
+            system = template.system_prompt(played_instruction(env, instruction))
             msgs = [("system", system), ("user", obs0)]
             for i, (action, obs) in enumerate(steps):
                 msgs.append(("assistant", template.render(action)))
@@ -130,7 +135,7 @@ def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenize
     end_ids = [] if list(getattr(template, "stop", []) or []) else list(chat.end_ids)
     probe = env_factory()
     try:
-        system = template.system_prompt(str(getattr(probe, "instruction", "") or ""))
+        instruction = str(getattr(probe, "instruction", "") or "")
         has_oracle = hasattr(probe, "oracle_action")
     finally:
         probe.close()
@@ -138,15 +143,16 @@ def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenize
     with Alive(log, "warm-up demonstrations", total=len(tasks), unit="tasks") as progress:
         for task in tasks:
             progress.advance()
-            episode = task_demonstration(task)
+            episode, played = task_demonstration(task), instruction
             if episode is None and has_oracle:
                 env = env_factory()
                 try:
                     episode = oracle_episode(env, task, max_turns)
+                    played = played_instruction(env, instruction)
                 finally:
                     env.close()
             if episode is not None:
-                demos.append(_demonstration(chat, template, system, end_ids, *episode))
+                demos.append(_demonstration(chat, template, template.system_prompt(played), end_ids, *episode))
     return demos
 
 

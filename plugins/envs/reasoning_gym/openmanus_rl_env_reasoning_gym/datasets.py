@@ -55,7 +55,11 @@ class Spec:
 
 
 def _registry() -> dict[str, tuple[type, type]]:
-    from reasoning_gym.factory import DATASETS  # registers every dataset on import
+    # The package registers its datasets while it imports, into reasoning_gym.factory.DATASETS, which exists (empty)
+    # early on. Importing the package first waits for another thread's import of it to finish (the episodes of a
+    # rollout start on several threads); importing only the factory could return the registry half filled.
+    import reasoning_gym  # noqa: F401
+    from reasoning_gym.factory import DATASETS
 
     return DATASETS
 

@@ -403,3 +403,20 @@ def test_chain_sum_with_three_attempts_trains_from_the_command_line(tmp_path):
     records, episodes, _ = train_from_the_command_line(tmp_path, "env.kwargs.dataset=chain_sum",
                                                        "env.kwargs.config.max_terms=2", "env.max_turns=3")
     check_run(records, episodes, "chain_sum", {"max_terms": 2}, max_turns=3)
+
+
+def test_envs_built_on_several_threads_at_once_in_a_fresh_process_all_see_every_dataset():
+    """A rollout starts its episodes on several threads: the first ones import reasoning_gym together, and none may
+    see the dataset registry half filled (it fills while the package imports)."""
+    # the threads arrive one by one while the first one's import runs (about 2 s), as episodes start
+    code = ("import threading, time\n"
+            "from openmanus_rl_env_reasoning_gym.datasets import dataset_names\n"
+            "seen, threads = [], []\n"
+            "for _ in range(30):\n"
+            "    threads.append(threading.Thread(target=lambda: seen.append(len(dataset_names()))))\n"
+            "    threads[-1].start(); time.sleep(0.05)\n"
+            "[t.join() for t in threads]\n"
+            "print(sorted(set(seen)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == f"[{len(datasets.dataset_names())}]"

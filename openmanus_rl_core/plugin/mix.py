@@ -1,0 +1,222 @@
+"""``env=mix``: several envs in one run, each a *source* drawn by ratio.
+
+.. code-block:: yaml
+
+    # openmanus-rl train env=mix +env.kwargs.sources.key_door.ratio=3 \\
+    #     +env.kwargs.sources.legs='{env: reasoning_gym, ratio: 1, kwargs: {dataset: leg_counting}}'
+    env:
+      name: mix
+      kwargs:
+        sources:
+          key_door: {ratio: 3}                  # env option key_door (the source's name is the option's)
+          legs:                                 # env option reasoning_gym, with kwargs over the option's own
+            env: reasoning_gym
+            ratio: 1
+            kwargs: {dataset: leg_counting}
+
+A source is an env *option* (``env/<option>.yaml``, as ``env=<option>`` would select it), composed alone, with the
+source's ``kwargs`` merged over the option's and its ``max_turns``/``train_tasks``/``val_tasks``/``num_tasks`` (when
+given) replacing the option's. The source's name labels its task rows (column ``source``) and its metrics
+(``train/<source>/success_rate``, ``val/<source>/...``).
+
+- **Tasks.** Each source's train and val rows are generated as ``env=<option>`` alone would generate them
+  (:meth:`MixEnv.generate_splits`), then tagged with the source; the files hold every source's rows.
+- **Draws.** Each step draws every source's share of the batch by ratio, from that source's own shuffled order
+  (:class:`~openmanus_rl_core.data.sources.SourceSampler`); a resumed run continues every source where it was.
+- **Episodes.** One env per episode, the task's source's (:meth:`MixEnv.start_task`), built only when an episode
+  starts; the prompt shows that env's ``instruction``; an episode ends at its source's ``max_turns`` (``env.max_turns``
+  of the mix is the longest any source may run, and bounds them all).
+- **Servers.** A source whose env has servers (``serve``) has them checked or started once, by the driver
+  (:meth:`MixEnv.serve`), and stopped with the run.
+- **Rewards** are the run's (``reward=``), for every source: the components see ``trajectory.task["source"]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+from typing import Any, Mapping
+
+from openmanus_rl_core.protocols import StepResult
+
+__all__ = ["MixEnv", "resolve_sources", "ratios"]
+
+SOURCE_KEYS = ("env", "ratio", "kwargs", "max_turns", "train_tasks", "val_tasks", "num_tasks")
+_REPLACED = ("max_turns", "train_tasks", "val_tasks", "num_tasks")
+_RESOLVED = "name"  # a resolved source names its env plugin; a source as the user writes it names an option (env)
+
+
+def _check_source(name: str, spec: Any) -> None:
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"sources.{name}={spec!r}: must be a mapping of {', '.join(SOURCE_KEYS)}")
+    unknown = [k for k in spec if k not in SOURCE_KEYS]
+    if unknown:
+        raise ValueError(f"sources.{name}.{unknown[0]}: not a source setting (settings: {', '.join(SOURCE_KEYS)})")
+    ratio = spec.get("ratio", 1)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 0:
+        raise ValueError(f"sources.{name}.ratio={ratio!r}: must be a positive number")
+    if not isinstance(spec.get("kwargs") or {}, Mapping):
+        raise ValueError(f"sources.{name}.kwargs={spec.get('kwargs')!r}: must be a mapping of the env's arguments")
+    if spec.get("env", name) == "mix":
+        raise ValueError(f"sources.{name}.env=mix: a source cannot be a mix itself")
+
+
+def resolve_sources(sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each source as its env is built: ``{name (plugin), kwargs, max_turns, train_tasks, val_tasks, num_tasks,
+    ratio}``, composed from its env option (an already resolved source is kept)."""
+    from omegaconf import OmegaConf
+
+    from openmanus_rl_core.config import ConfigError
+    from openmanus_rl_core.config.loading import compose
+
+    if not isinstance(sources, Mapping) or not sources:
+        raise ConfigError(f"env.kwargs.sources={sources!r}: env=mix needs at least one source, e.g. "
+                          f"+env.kwargs.sources.key_door.ratio=1")
+    out: dict[str, dict[str, Any]] = {}
+    for name, spec in sources.items():
+        if isinstance(spec, Mapping) and _RESOLVED in spec:
+            out[str(name)] = dict(spec)
+            continue
+        try:
+            _check_source(str(name), spec)
+        except ValueError as exc:
+            raise ConfigError(f"env.kwargs.{exc}") from None
+        option = str(spec.get("env", name))
+        try:
+            env = OmegaConf.to_container(compose([f"env={option}"]).env, resolve=True)
+        except ConfigError as exc:
+            raise ConfigError(f"env.kwargs.sources.{name}.env: {exc}") from None
+        env["kwargs"] = OmegaConf.to_container(OmegaConf.merge(env.get("kwargs") or {}, spec.get("kwargs") or {}))
+        env.update({k: spec[k] for k in _REPLACED if spec.get(k) is not None})
+        out[str(name)] = {**env, "ratio": float(spec.get("ratio", 1))}
+    return out
+
+
+def ratios(sources: Mapping[str, Any]) -> dict[str, float]:
+    """Each source's ratio, in the order the sources are listed."""
+    return {str(name): float(spec.get("ratio", 1)) for name, spec in sources.items()}
+
+
+class MixEnv:
+    """The env of one episode of a mix: the task's source's env, built when the episode starts (module docstring).
+
+    Built with resolved sources (what :meth:`serve` hands back) or with sources as written (resolved here)."""
+
+    @dataclasses.dataclass
+    class Kwargs:
+        """``env.kwargs`` of ``env=mix``, checked with the config: each source's settings and ratio."""
+
+        sources: dict = dataclasses.field(default_factory=dict)
+
+        def __post_init__(self) -> None:
+            from openmanus_rl_core.config.plugin_kwargs import check_kwargs
+            from openmanus_rl_core.plugin.registry import registry
+
+            # each source's settings, ratio, env option and the env's own kwargs, before anything is built
+            for name, spec in resolve_sources(self.sources).items():
+                check_kwargs(f"env.kwargs.sources.{name}.kwargs", f"env {spec['name']!r}",
+                             registry("env").get(spec["name"]), spec["kwargs"])
+
+    def __init__(self, sources: Mapping[str, Any]):
+        from openmanus_rl_core.plugin.registry import registry
+
+        self.sources = resolve_sources(sources)
+        self._factories = {name: registry("env").get(spec["name"]) for name, spec in self.sources.items()}
+        self._env: Any = None
+        self._source: str | None = None
+        self._turns = 0
+        if all(hasattr(f, "oracle_action") for f in self._factories.values()):
+            self.oracle_action = self._oracle_action  # the warm-up's oracle, where every source has one
+
+    @property
+    def instruction(self) -> str:
+        """The instruction of the env playing the current task ("" before an episode starts)."""
+        return str(getattr(self._env, "instruction", "") or "") if self._env is not None else ""
+
+    @property
+    def source(self) -> str | None:
+        return self._source
+
+    def start_task(self, task: Mapping[str, Any]) -> str:
+        """Build the env of ``task["source"]`` and start the task on it (by content or by id, as any env)."""
+        from openmanus_rl_core.plugin.registry import build
+        from openmanus_rl_core.rollout.tasks import start_task
+
+        source = task.get("source")
+        if source not in self.sources:
+            raise ValueError(f"task {task.get('task_id')!r} has source={source!r}, not one of this mix's sources "
+                             f"({', '.join(self.sources)}); generate the mix's task files with env=mix")
+        self.close()
+        self._source, self._turns = str(source), 0
+        self._env = build("env", self.sources[self._source])
+        return start_task(self._env, task)
+
+    def reset(self, task_id: int | None = None, seed: int | None = None) -> str:
+        raise ValueError("env=mix starts a task from its whole row (its source): call start_task(task)")
+
+    def step(self, action: str) -> StepResult:
+        if self._env is None:
+            raise RuntimeError("env=mix: step() before start_task()")
+        result = self._env.step(action)
+        self._turns += 1
+        limit = int(self.sources[self._source]["max_turns"])
+        if not result.done and self._turns >= limit:  # the source's own turn limit, within the mix's longest
+            info = {**(result.info or {}), "source_max_turns": limit}
+            return StepResult(result.observation, result.reward, True, info)
+        return result
+
+    def _oracle_action(self) -> str:
+        return self._env.oracle_action()
+
+    def close(self) -> None:
+        env, self._env = self._env, None
+        if env is not None:
+            env.close()
+
+    # ------------------------------------------------------------------------------------- the driver's side
+    @classmethod
+    def serve(cls, sources: Mapping[str, Any]) -> Any:
+        """Resolve the sources once and open each one's env service (servers checked or started); the kwargs every
+        mix env is then built with hold the resolved sources, each with its service's kwargs."""
+        from openmanus_rl_core.plugin.envs import EnvService, open_env_service
+        from openmanus_rl_core.plugin.registry import registry
+
+        resolved = resolve_sources(sources)
+        services: list[EnvService] = []
+        try:
+            for name, spec in resolved.items():
+                service = open_env_service(f"{name} ({spec['name']})", registry("env").get(spec["name"]),
+                                           spec["kwargs"])
+                services.append(service)
+                spec["kwargs"] = service.kwargs
+        except BaseException:
+            for service in services:
+                service.close()
+            raise
+
+        def stop() -> None:
+            for service in services:
+                service.close()
+
+        def check() -> None:
+            for service in services:
+                if service.check is not None:
+                    service.check()
+
+        return EnvService({"sources": resolved}, stop=stop, check=check)
+
+    @staticmethod
+    def generate_splits(kwargs: Mapping[str, Any], seed: int) -> tuple[list[dict], list[dict]]:
+        """Every source's train and val rows, as ``env=<option>`` alone generates them, tagged with ``source``."""
+        from openmanus_rl_core.data.generation import env_num_tasks, add_env_task_fields, generate_tasks
+
+        train: list[dict] = []
+        val: list[dict] = []
+        for name, spec in resolve_sources(kwargs["sources"]).items():
+            alone = SimpleNamespace(env=SimpleNamespace(**{k: spec.get(k) for k in ("name", "kwargs", *_REPLACED)}))
+            rows = generate_tasks(spec["name"], spec["train_tasks"], spec["val_tasks"], seed, env_num_tasks(alone))
+            add_env_task_fields(alone, *rows)
+            for split, out in zip(rows, (train, val)):
+                out.extend({**row, "source": name} for row in split)
+        return train, val
