@@ -38,11 +38,12 @@ JOBS = {
     "eval": "openmanus_rl_core.commands.eval:evaluate",
     "export": "openmanus_rl_core.commands.export:export",
     "serve": "openmanus_rl_core.commands.serve:serve",
+    "replay": "openmanus_rl_core.commands.replay:replay",
     "data make": "openmanus_rl_core.commands.data:make",
     "data verify": "openmanus_rl_core.commands.data:verify",
     "data from-rollouts": "openmanus_rl_core.commands.data:from_rollouts",
 }
-FROM_RUN_COMMANDS = ("eval", "rollout", "export", "serve")
+FROM_RUN_COMMANDS = ("eval", "rollout", "export", "serve", "replay")
 # Commands that train: their config is checked for training, and a resumed run continues its own settings with the
 # command line's changes on top.
 TRAINING_COMMANDS = ("train",)
@@ -83,6 +84,11 @@ HELP = {
                   ("trainer.checkpoint", "model.path", "serve.port", "serve.api_key", "agent.model_name"),
                   ("openmanus-rl serve trainer.checkpoint=outputs/2026-01-01/12-00-00-key_door",
                    "openmanus-rl serve model.path=exported/ serve.port=8001 serve.api_key=secret")),
+    "replay": Help("Replay a run's updates from its rollout dumps (trainer.save_rollouts=true), with no rollout and "
+                   "no env; compares the weights with the run's own checkpoint of the last step.",
+                   ("trainer.checkpoint", "replay.steps", "replay.rollouts"),
+                   ("openmanus-rl replay trainer.checkpoint=run/checkpoints/step_000000 replay.steps=1..5",
+                    "openmanus-rl replay trainer.checkpoint=run/checkpoints/step_000010 replay.rollouts=run/rollouts")),
     "data make": Help("Generate an env's task split as train.parquet and val.parquet in data.dir.",
                       ("env", "env.train_tasks", "env.val_tasks", "data.dir", "seed"),
                       ("openmanus-rl data make env=key_door",
@@ -325,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
 # Errors whose message says all there is (what was wrong, where, what to do): printed without a traceback.
 # module -> class; looked up only in modules the command already imported (the listing imports no torch).
 REPORTED_ERRORS = {"openmanus_rl_core.checkpoint.store": "CheckpointError", "openmanus_rl_core.data.tasks": "DataError",
-                   "openmanus_rl_core.models.loading": "ModelError", "openmanus_rl_core.rewards.composer": "RewardFileError"}
+                   "openmanus_rl_core.models.loading": "ModelError", "openmanus_rl_core.rewards.composer": "RewardFileError",
+                   "openmanus_rl_core.run.dumps": "DumpError"}
 
 
 def _reported(exc: Exception) -> bool:

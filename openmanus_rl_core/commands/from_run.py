@@ -105,7 +105,7 @@ def _run_validation(c: Config, path: Path, saved: dict) -> tuple[Any, Any, str |
             dataclasses.replace(c.trainer, val_max_tasks=limit), where)
 
 
-def _model_dir(path: Path, saved: str | None) -> str:
+def run_model_dir(path: Path, saved: str | None) -> str:
     """The run's model folder: where the run says, else ``<run_dir>/model`` (a run directory moved elsewhere)."""
     if saved and Path(saved).exists():
         return str(saved)
@@ -125,7 +125,7 @@ def load_policy(c: Config, ckpt: RunCheckpoint | None, tokenizer_only: bool = Fa
     from openmanus_rl_core.models.loading import _dtype, load_tokenizer, lora_scaling, merge_lora_state, transposed_modules
 
     if ckpt is not None:  # the checkpoint's weights on model.path (a moved run's folder) or the run's own folder
-        model_dir = str(Path(c.model.path).expanduser()) if c.model.path else _model_dir(ckpt.path, ckpt.model_dir)
+        model_dir = str(Path(c.model.path).expanduser()) if c.model.path else run_model_dir(ckpt.path, ckpt.model_dir)
         weights = ckpt.weights
     elif c.model.path:
         model_dir, weights = str(Path(c.model.path).expanduser()), None

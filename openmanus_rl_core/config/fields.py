@@ -25,4 +25,4 @@ def opt(default: Any, help: str, *, ge: float | None = None, gt: float | None = 
 
 # The commands that read a command-specific key (a field's ``commands``).
 ROLLOUT = ("rollout",)
-FROM_CHECKPOINT = ("eval", "export", "rollout", "serve")
+FROM_CHECKPOINT = ("eval", "export", "rollout", "serve", "replay")

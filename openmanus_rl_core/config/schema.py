@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from openmanus_rl_core.config.commands import ExportConfig, ReplayConfig, ServeConfig
 from openmanus_rl_core.config.fields import FROM_CHECKPOINT, ROLLOUT, opt
 
 
@@ -392,6 +393,8 @@ class TrainerConfig:
                                               "tracker's Kwargs, e.g. trainer.tracker_kwargs.wandb.project=my-runs")
     progress: bool = opt(True, "show a progress bar on a terminal (a plain line per step when stderr is not one; "
                                "false: a plain line per step always)")
+    save_rollouts: bool = opt(False, "write each step's trained batch to <run_dir>/rollouts/step_N.parquet, named "
+                                     "by the next checkpoint (`openmanus-rl replay` reads them; docs/rollout-records.md)")
     checkpoint: Optional[str] = opt(None, "`openmanus-rl eval`: the checkpoint folder or run directory",
                                     commands=FROM_CHECKPOINT,
                                     instead={"train": "to continue a run, use trainer.run_dir=<run> "
@@ -405,25 +408,6 @@ class TrainerConfig:
     stop_grace_s: float = opt(30.0, "after a first SIGTERM / Ctrl-C: seconds to the exit at the latest (a rollout or "
                                     "validation in progress is abandoned, an update finishes, a checkpoint is saved; "
                                     "past it the run exits without a new checkpoint)", gt=0, commands=("train",))
-
-
-@dataclass
-class ExportConfig:
-    """`openmanus-rl export`: a checkpoint as a Hugging Face folder (LoRA merged)."""
-
-    dir: Optional[str] = opt(None, "the folder to write (config, safetensors, tokenizer, chat template, generation "
-                                   "config); required", commands=("export",))
-    overwrite: bool = opt(False, "replace a non-empty export.dir", commands=("export",))
-
-
-@dataclass
-class ServeConfig:
-    """`openmanus-rl serve`: the gateway alone, in front of a checkpoint or a model folder."""
-
-    host: str = opt("127.0.0.1", "the address to listen on (loopback: this machine only)", commands=("serve",))
-    port: int = opt(8000, "the port to listen on (0: a free one)", ge=0, commands=("serve",))
-    api_key: Optional[str] = opt(None, "the key clients must send (null: a new one, printed at start)",
-                                 commands=("serve",))
 
 
 @dataclass
@@ -447,3 +431,4 @@ class Config:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)

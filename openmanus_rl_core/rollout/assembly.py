@@ -25,11 +25,14 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
       group statistics too (not only the loss);
     - ``rollout_log_probs`` [B, R] float: the engine's log-probs (0 off the mask);
     - ``token_level_scores`` [B, R] float: ``allocator(total, turn_rewards, segments, response_length)``;
-    - ``step_ids`` [B, R] long: the turn index on each turn's reply tokens, -1 elsewhere.
+    - ``step_ids`` [B, R] long: the turn index on each turn's reply tokens, -1 elsewhere;
+    - ``versions`` [B, R] long: the policy version that generated each response token (``Episode.versions``), -1
+      elsewhere.
 
     non_tensors (per row, the episode's values): ``group_ids``, ``uid`` (unique per sample), ``anchor_obs`` (the
     observation each turn acted on), ``step_rewards`` (``breakdown.turn_rewards``), ``success``, ``termination``,
-    ``num_turns``, ``task_id``, ``reward`` (composed total), ``reward_parts``; with turn samples also
+    ``num_turns``, ``task_id``, ``data_source``, ``source`` (the task row's), ``invalid`` (the row's replies the
+    template could not read), ``reward`` (composed total), ``reward_parts``; with turn samples also
     ``episode_ids`` (the episode's uid; the estimators pool its rows). A turn row's ``step_ids`` is its turn.
     ``breakdowns=None``: the env's own rewards (total = sum of step rewards, turn rewards = step rewards).
     """
@@ -59,6 +62,7 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
     logp = torch.zeros((N, R), dtype=torch.float32)
     scores = torch.zeros((N, R), dtype=torch.float32)
     step_ids = torch.full((N, R), -1, dtype=torch.long)
+    versions = torch.full((N, R), -1, dtype=torch.long)
     valid = torch.ones(N, dtype=torch.bool)
     totals, parts, step_rewards, allocs = [], [], [], []
     for ep, bd in zip(episodes, breakdowns if breakdowns is not None else [None] * B):
@@ -89,6 +93,8 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
             if valid[j]:
                 mask[j, :r] = torch.as_tensor(ep.response_mask[s:e], dtype=torch.float32)
             step_ids[j, :r] = torch.as_tensor(ep.step_ids[s:e], dtype=torch.long)
+            tagged = ep.versions[s:e]  # an episode that records no versions keeps -1
+            versions[j, :len(tagged)] = torch.as_tensor(tagged, dtype=torch.long)
             scores[j, :r] = torch.as_tensor(allocs[i][s:e], dtype=torch.float32)
     attention_mask = torch.cat([prompt_attn, resp_attn], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
@@ -102,6 +108,7 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
         "rollout_log_probs": logp,
         "token_level_scores": scores,
         "step_ids": step_ids,
+        "versions": versions,
         "valid": valid,
     }
     of = [i for i, _, _, _ in rows]
@@ -114,9 +121,21 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
         "termination": [episodes[i].trajectory.termination for i in of],
         "num_turns": [episodes[i].trajectory.num_turns for i in of],
         "task_id": [episodes[i].trajectory.task_id for i in of],
+        "data_source": [episodes[i].trajectory.task.get("data_source") for i in of],
+        "source": [episodes[i].trajectory.task.get("source") for i in of],
+        "invalid": [_invalid(episodes[i].trajectory, uid if episodes[i].contexts else None) for i, _, _, uid in rows],
         "reward": [totals[i] for i in of],
         "reward_parts": [parts[i] for i in of],
     }
     if any(ep.contexts for ep in episodes):  # turn samples: the estimators pool each episode's rows
         non_tensors["episode_ids"] = [episodes[i].uid for i in of]
     return Batch(tensors=tensors, non_tensors=non_tensors, meta={"pad_token_id": int(pad_token_id)})
+
+
+def _invalid(trajectory: Any, turn_uid: str | None) -> int:
+    """How many of a row's replies the template could not read: the episode's, or its turn's (``<episode>:<t>``)."""
+    turns = trajectory.turns
+    if turn_uid is not None:
+        t = int(turn_uid.rsplit(":", 1)[1])
+        turns = turns[t:t + 1]
+    return sum(not turn.action.valid for turn in turns)

@@ -413,3 +413,12 @@ def make_run_dir(cfg: Any, now: _dt.datetime | None = None, announce: bool = Tru
     if announce:
         print(f"run directory: {path}", flush=True)
     return path
+
+
+def perf_metrics(batch: Any, timings: dict[str, float]) -> dict[str, float]:
+    """A step's throughput: every token it processed (prompts + responses, no padding), generated tokens, samples."""
+    step_s = timings["step"]
+    return {"perf/tokens_per_s": float(batch["attention_mask"].sum()) / step_s if step_s > 0 else float("nan"),
+            "perf/gen_tokens_per_s": float(batch["response_mask"].sum()) / max(timings.get("rollout", 0.0), 1e-9),
+            "perf/samples_per_s": len(batch) / step_s if step_s > 0 else float("nan"),
+            "perf/samples": float(len(batch))}

@@ -56,6 +56,7 @@ def setup(trainer: Any) -> None:
     from openmanus_rl_core.rewards.composer import RewardComposer
     from openmanus_rl_core.data.generation import ensure_task_files
     from openmanus_rl_core.data.sources import make_sampler
+    from openmanus_rl_core.run.dumps import RolloutDumps
     from openmanus_rl_core.plugin.mix import MixEnv, ratios
 
     cfg = trainer.cfg
@@ -125,6 +126,8 @@ def setup(trainer: Any) -> None:
                                                              trainer.env_factory, trainer.template, trainer.log,
                                                              resuming=trainer.resume_path is not None)
     trainer.pad_token_id = trainer.tokenizer.pad_token_id
+    if cfg.trainer.save_rollouts:
+        trainer.dumps = RolloutDumps(trainer.run_dir, trainer.model_dir)
     start_workers(trainer)
     heap.freeze()  # Trainer.shutdown gives the objects back
 

@@ -30,7 +30,8 @@ def save(trainer: Any, step: int) -> Path:
                     "kl_coef": float(trainer.kl_ctrl.value), "total_steps": int(trainer.total_steps),
                     "warmup_done": True, "policy_version": int(trainer.policy_version)},
         "meta": {"model_dir": str(trainer.model_dir), "step": int(step), "config": dataclasses.asdict(trainer.cfg),
-                 "lora": trainer.cfg.model.lora.enabled, RECORD_KEY: record(trainer.python_rewards)},
+                 "lora": trainer.cfg.model.lora.enabled, RECORD_KEY: record(trainer.python_rewards),
+                 "rollouts": trainer.dumps.manifest(step) if trainer.dumps is not None else None},
     }
     if actor_states[0].get("ref_model") is not None:  # a KL term's reference policy (ActorWorker.get_state)
         state["ref_model"] = actor_states[0]["ref_model"]
@@ -46,32 +47,14 @@ def save(trainer: Any, step: int) -> Path:
     return path
 
 
-
 def restore(trainer: Any, path: Path, state: dict | None = None) -> int:
     """Load the checkpoint's state (``state``, when already read from ``path``) into the workers and the
     driver; returns its step."""
-    import ray
-
     from openmanus_rl_core.checkpoint.rng import restore_rng_state
     from openmanus_rl_core.checkpoint.store import load_checkpoint
 
     state = load_checkpoint(path) if state is None else state
-    model_ref = ray.put(state["model"])
-    optim_ref = ray.put(state["optimizer"])
-    rngs = state["rng"]["actor"]
-    if len(rngs) != trainer.actor.size:
-        raise RuntimeError(f"{path} was saved by {len(rngs)} actor workers but this run has {trainer.actor.size}; "
-                           f"resume with trainer.num_workers={len(rngs)}")
-    ref = ray.put(state["ref_model"]) if "ref_model" in state else None
-    trainer.actor.call_each("load_state", [(model_ref, optim_ref, state["scheduler"], rngs[r], ref)
-                                        for r in range(trainer.actor.size)])
-    if trainer.critic is not None:
-        if "critic" not in state:
-            raise RuntimeError(f"{path} holds no critic state; it was saved by a run without a critic")
-        c = state["critic"]
-        cm, co = ray.put(c["model"]), ray.put(c["optimizer"])
-        crngs = state["rng"]["critic"]
-        trainer.critic.call_each("load_state", [(cm, co, c["scheduler"], crngs[r]) for r in range(trainer.critic.size)])
+    load_workers(trainer.actor, trainer.critic, path, state)
     trainer.sampler.load_state_dict(state["sampler"])
     t = state["trainer"]
     trainer.skipped_steps = int(t.get("skipped_steps", 0))
@@ -118,3 +101,25 @@ def restart_workers(trainer: Any, err: Exception, restarts: int) -> int:
     trainer.metrics_logger = MetricsLogger(trainer.run_dir, tensorboard="tensorboard" in trainer.cfg.trainer.loggers,
                                            resume_step=step)
     return step
+
+
+def load_workers(actor: Any, critic: Any, path: Path, state: dict) -> None:
+    """The checkpoint's weights, optimizer and scheduler states and RNGs into the actor (and critic) ranks; the
+    checkpoint must come from as many ranks."""
+    import ray
+
+    model_ref = ray.put(state["model"])
+    optim_ref = ray.put(state["optimizer"])
+    rngs = state["rng"]["actor"]
+    if len(rngs) != actor.size:
+        raise RuntimeError(f"{path} was saved by {len(rngs)} actor workers but this run has {actor.size}; "
+                           f"resume with trainer.num_workers={len(rngs)}")
+    ref = ray.put(state["ref_model"]) if "ref_model" in state else None
+    actor.call_each("load_state", [(model_ref, optim_ref, state["scheduler"], rngs[r], ref) for r in range(actor.size)])
+    if critic is not None:
+        if "critic" not in state:
+            raise RuntimeError(f"{path} holds no critic state; it was saved by a run without a critic")
+        c = state["critic"]
+        cm, co = ray.put(c["model"]), ray.put(c["optimizer"])
+        crngs = state["rng"]["critic"]
+        critic.call_each("load_state", [(cm, co, c["scheduler"], crngs[r]) for r in range(critic.size)])

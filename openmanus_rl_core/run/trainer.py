@@ -48,7 +48,6 @@ from openmanus_rl_core.run.validation import validate
 from openmanus_rl_core.run.warmup import step_zero
 
 __all__ = ["Trainer", "mean"]
-
 # The tensors a forward pass reads (log-probs, values): shipped to the workers without the rest of the batch.
 LEAN_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
 
@@ -80,6 +79,7 @@ class Trainer:
         self._stream_state: dict | None = None  # a resumed stream's groups, to play again
         self.policy_version = 0  # actor updates so far: the version of the rollout engine's weights
         self.overlap = None  # rollout.overlap_update: the step's gradients so far (run/overlap.py)
+        self.dumps = None  # trainer.save_rollouts: the run's rollout dumps (run/dumps.py), from set-up on
         if self.cfg.rollout.overlap_update:
             from openmanus_rl_core.run.overlap import OverlappedUpdate
 
@@ -108,7 +108,7 @@ class Trainer:
     # -------------------------------------------------------------------------------------- one step
     def train_step(self, step: int) -> dict[str, float]:
         """One step: the phases below, in order (see the module doc); returns the step's metrics."""
-        from openmanus_rl_core.run.metrics import Timer
+        from openmanus_rl_core.run.metrics import Timer, perf_metrics
 
         self.timer = timer = Timer()
         metrics: dict[str, float] = {}
@@ -123,13 +123,10 @@ class Trainer:
                 self.phase_update_actor(batch, step, metrics)
                 self.phase_sync_weights()
             metrics["train/skipped_steps"] = float(self.skipped_steps)
-        # Throughput: every token the step processed (prompts + responses, no padding), and generated tokens.
-        step_s = timer.timings["step"]
-        metrics["perf/tokens_per_s"] = float(batch["attention_mask"].sum()) / step_s if step_s > 0 else float("nan")
-        metrics["perf/gen_tokens_per_s"] = (float(batch["response_mask"].sum())
-                                            / max(timer.timings.get("rollout", 0.0), 1e-9))
-        metrics["perf/samples_per_s"] = len(batch) / step_s if step_s > 0 else float("nan")
-        metrics["perf/samples"] = float(len(batch))
+            if self.dumps is not None:  # trainer.save_rollouts: what this step trained on (run/dumps.py)
+                with timer("dump"):
+                    self.dumps.write(step, batch)
+        metrics.update(perf_metrics(batch, timer.timings))
         metrics.update(timer.metrics())
         return metrics
 
@@ -358,8 +355,8 @@ class Trainer:
                     last_val = {k: v for k, v in first.items() if k.startswith("val/")}
                 if not self.total_steps:  # the warm-up alone: its validation is the result, step 0 the checkpoint
                     last, last_val = first, {k[len("warmup/"):]: v for k, v in first.items() if k.startswith("warmup/val/")}
-                    if tcfg.save_at_end:
-                        save(self, 0)
+                if (not self.total_steps and tcfg.save_at_end) or self.dumps is not None:  # dumps replay from step 0
+                    save(self, 0)
             self.bar = ProgressBar(self.total_steps, initial=start_step, disable=not tcfg.progress,
                                    log_path=self.run_dir / "train.log")
             self.log.bar = self.bar.bar

@@ -123,6 +123,7 @@ class ActorWorker(Worker):
             loop = self._agent_rollout(template).sampling(rcfg)
         else:
             loop = AgentLoop(self.engine, self.tokenizer, template, env_factory, rcfg, memory=self._memory)
+            loop.version = self.policy_version  # the engine's weights: recorded on every token they generate
         loop.abandon = cancelled_call()  # the driver cancels this call when the run stops (process/stopping.py)
         rng = capture_worker_rng(self._generators())
         # The loop generates in this thread: a running stream's generation waits (validation, eval). An agent's

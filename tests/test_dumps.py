@@ -1,0 +1,138 @@
+"""Rollout dumps (trainer.save_rollouts, run/dumps.py) and `openmanus-rl replay` (commands/replay.py): what each step
+trained on is kept whole, atomically, named by the next checkpoint, and replays to the run's own weights."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from openmanus_rl_core.batch import Batch
+from openmanus_rl_core.checkpoint.store import load_checkpoint
+from openmanus_rl_core.run.dumps import DumpError, dump_path, model_fingerprint, read_dump, write_dump
+
+BIN = Path(sys.executable).parent
+SMALL = ["env=key_door", "trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=1", "trainer.num_workers=1",
+         "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+         "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400", "data.train_batch_size=4", "algorithm.n=2",
+         "warmup.steps=2", "rollout.max_new_tokens=8", "env.train_tasks=16", "env.val_tasks=4",
+         "trainer.val_freq=0", "trainer.val_before_train=false", "trainer.val_at_end=false",
+         "algorithm.entropy_coeff=0.01",  # every update moves the weights, learning signal or not
+         "trainer.total_steps=5", "trainer.save_freq=5", "trainer.save_rollouts=true"]
+
+
+def _batch(rows: int = 3, width: int = 5) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    tensors = {"input_ids": torch.randint(0, 50, (rows, width), generator=g),
+               "attention_mask": torch.ones(rows, width, dtype=torch.long),
+               "position_ids": torch.arange(width).repeat(rows, 1),
+               "responses": torch.randint(0, 50, (rows, 2), generator=g),
+               "response_mask": torch.tensor([[1.0, 0.0]] * rows),
+               "advantages": torch.randn(rows, 2, generator=g), "old_log_probs": torch.randn(rows, 2, generator=g),
+               "versions": torch.tensor([[3, -1]] * rows), "valid": torch.tensor([True] * (rows - 1) + [False])}
+    non_tensors = {"task_id": list(range(rows)), "group_ids": ["g0"] * 2 + ["g1"] * (rows - 2),
+                   "uid": [f"u{i}" for i in range(rows)], "reward": [0.5] * rows, "reward_parts": [{"goal": 0.5}] * rows,
+                   "termination": ["done"] * (rows - 1) + ["env_error"], "success": [True] * rows,
+                   "invalid": [0, 1, 0][:rows], "data_source": ["key_door"] * rows}
+    return Batch(tensors=tensors, non_tensors=non_tensors)
+
+
+def test_a_dump_reads_back_as_the_batch_the_update_read(tmp_path):
+    batch = _batch()
+    path, sha = write_dump(tmp_path, 7, batch, "f" * 64)
+    assert path == dump_path(tmp_path, 7) == tmp_path / "step_000007.parquet" and len(sha) == 64
+    assert [p.name for p in tmp_path.iterdir()] == ["step_000007.parquet"]  # no temporary file left
+    back = read_dump(path, "f" * 64)
+    assert back.tensors.keys() == batch.tensors.keys()
+    for name, t in batch.tensors.items():
+        assert back[name].dtype == t.dtype and torch.equal(back[name], t), name
+    assert list(back.non_tensors["group_id"]) == ["g0", "g0", "g1"] and back.non_tensors["termination"][-1] == "env_error"
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path).to_pydict()
+    assert table["sample"] == [0, 1, 0] and table["turn"] == [-1, -1, -1] and table["env_error"] == [False, False, True]
+    assert table["invalid"] == [0, 1, 0] and json.loads(table["reward_parts"][0]) == {"goal": 0.5}
+
+
+def test_a_truncated_or_foreign_dump_is_refused_naming_the_file(tmp_path):
+    path, _ = write_dump(tmp_path, 1, _batch(), "a" * 64)
+    with pytest.raises(DumpError, match=rf"^{path}: written for another model or tokenizer"):
+        read_dump(path, "b" * 64)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(DumpError, match=rf"^{path}: not a readable rollout dump"):
+        read_dump(path)
+
+
+def test_the_fingerprint_tells_models_and_tokenizers_apart(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.json").write_text('{"hidden_size": 32}')
+    (tmp_path / "a" / "tokenizer.json").write_text('{"vocab": 1}')
+    first = model_fingerprint(tmp_path / "a")
+    (tmp_path / "a" / "tokenizer.json").write_text('{"vocab": 2}')
+    assert model_fingerprint(tmp_path / "a") != first
+
+
+# ----------------------------------------------------------------------------------------- a run, replayed
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory, cli_env) -> Path:
+    """A PPO run with its critic, 5 steps, dumping every batch: checkpoints at steps 0 and 5."""
+    run = tmp_path_factory.mktemp("dumps") / "run"
+    out = subprocess.run([str(BIN / "openmanus-rl"), "train", *SMALL, "algorithm=ppo", f"trainer.run_dir={run}"],
+                         env=cli_env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return run
+
+
+def _replay(cli_env, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "openmanus-rl"), "replay", *args], env=cli_env, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_every_step_is_dumped_named_by_the_checkpoint_and_replays_to_the_runs_weights(ppo_run, cli_env):
+    dumps = sorted(p.name for p in (ppo_run / "rollouts").iterdir())
+    assert dumps == [f"step_00000{k}.parquet" for k in range(1, 6)]
+    listed = json.loads((ppo_run / "checkpoints" / "step_000005" / "meta.json").read_text())["meta"]["rollouts"]
+    assert sorted(listed) == dumps
+    from openmanus_rl_core.run.dumps import _sha256
+
+    assert all(listed[name] == _sha256(ppo_run / "rollouts" / name) for name in dumps)
+    batch = read_dump(ppo_run / "rollouts" / "step_000003.parquet")
+    assert len(batch) == 8 and {"values", "returns", "advantages", "old_log_probs", "versions"} <= set(batch.tensors)
+    assert set(batch["versions"][batch["response_mask"] > 0].tolist()) == {2}  # generated by the weights of step 2
+
+    start = load_checkpoint(ppo_run / "checkpoints" / "step_000000", keys=["model", "critic"])
+    end = load_checkpoint(ppo_run / "checkpoints" / "step_000005", keys=["model", "critic"])
+    moved = max(float((start["model"][k] - end["model"][k]).abs().max()) for k in start["model"])
+    critic_moved = max(float((start["critic"]["model"][k] - end["critic"]["model"][k]).abs().max())
+                       for k in start["critic"]["model"])
+    assert moved > 1e-4 and critic_moved > 1e-4  # the five updates changed both, so equal weights mean something
+
+    out = _replay(cli_env, f"trainer.checkpoint={ppo_run / 'checkpoints' / 'step_000000'}", "replay.steps=1..5")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert [ln.split(":")[0] for ln in lines if ln.startswith("step ")] == [f"step {k}" for k in range(1, 6)]
+    assert all("critic/vf_loss" in ln for ln in lines if ln.startswith("step "))
+    diff = float(lines[-1].rsplit(":", 1)[1])
+    assert lines[-1].startswith("max abs diff to the run's step 5: ") and diff <= 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, line", [
+    (["replay.steps=1..9"], "replay.steps=1..9: the dumps in {run}/rollouts hold steps 1..5; step 6 is missing"),
+    (["replay.steps=2..5"], "replay.steps=2..5: the checkpoint holds step 0, so a replay from it starts at step 1"),
+    (["replay.steps=one"], "replay.steps=one: must be K..M (e.g. 1..5)"),
+    (["replay.rollouts={run}/nowhere"], "replay.rollouts={run}/nowhere: no rollout dumps there (a run writes them "
+                                        "with trainer.save_rollouts=true)"),
+])
+def test_a_range_the_dumps_do_not_cover_is_one_line_and_exit_2(ppo_run, capsys, args, line):
+    from openmanus_rl_core.cli import main
+
+    code = main(["replay", f"trainer.checkpoint={ppo_run / 'checkpoints' / 'step_000000'}",
+                 *(a.format(run=ppo_run) for a in args)])  # refused before Ray or a worker starts
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [f"error: {line.format(run=ppo_run)}"], err
