@@ -92,6 +92,11 @@ class Env(Protocol):
       demonstration). The rollout calls it instead of ``reset`` when the task row has an ``observation``.
     - ``serve(**kwargs) -> EnvService`` on the env's entry point (class or factory), for envs behind servers: see
       :mod:`openmanus_rl_core.plugin.envs`.
+    - ``tools: list[dict]`` -- the env's tools as OpenAI function schemas (``{"type": "function", "function":
+      {"name", "description", "parameters"}}``). With a tool-calling template (``ActionTemplate.calls_tools``) the
+      prompt is rendered with ``tokenizer.apply_chat_template(..., tools=tools)`` and ``step`` receives a call as the
+      canonical text ``{"name": ..., "arguments": {...}}`` (``json.dumps`` with its default separators; see the
+      template plugin's ``tool_calls`` module).
     - ``without_delays() -> Env`` -- the same episodes without simulated waits (a wrapper that only delays, such
       as ``latency``, gives the env it wraps). Work off the rollout path plays that env instead: the tokenizer
       corpus and the warm-up's oracle episodes (:func:`openmanus_rl_core.plugin.envs.undelayed`).
@@ -150,6 +155,11 @@ class ActionTemplate(Protocol):
     string included (``re.search`` on the whole reply; e.g. ``</action>\\s*$``): the ``format`` reward scores a
     reply that parses as valid and matches it, so a reply that runs on after its action earns nothing. Absent or
     None: every valid reply counts. Set it, or ``format`` cannot tell a tidy reply from a rambling one.
+
+    Optional, for a tool-calling template: ``calls_tools = True`` makes the rollout show the model the env's
+    ``tools`` (:class:`Env`), else the template's own ``tools: list[dict] | None``, through the chat template; a chat
+    template that does not write tools gets ``tool_prompt(tools) -> str`` after the system prompt instead
+    (``rollout/chat.py``: ``prompt_tools``).
     """
 
     stop: list[str]

@@ -135,6 +135,11 @@ class MixEnv:
         return str(getattr(self._env, "instruction", "") or "") if self._env is not None else ""
 
     @property
+    def tools(self) -> list[dict] | None:
+        """The tools of the env playing the current task (None before an episode starts, or for an env without)."""
+        return getattr(self._env, "tools", None) if self._env is not None else None
+
+    @property
     def source(self) -> str | None:
         return self._source
 

@@ -1,5 +1,6 @@
-"""The token pieces of a chat template around turns (:class:`ChatDelta`), and a rendered prompt split back into its
-messages (:class:`ChatSplit`, for a served model asked through a chat API)."""
+"""The token pieces of a chat template around turns (:class:`ChatDelta`), the tools a tool-calling template shows
+(:func:`prompt_tools`), and a rendered prompt split back into its messages (:class:`ChatSplit`, for a served model
+asked through a chat API)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 class ChatDelta:
     """The token pieces a chat template puts around turns, found once from fixed dummy contents.
 
-    - ``prompt_ids(system, user)``: the first prompt, ending with the assistant header.
+    - ``prompt_ids(system, user, tools=None)``: the first prompt, ending with the assistant header; ``tools`` (OpenAI
+      function schemas) go to the chat template (``apply_chat_template(..., tools=...)``).
+    - ``renders_tools``: whether the chat template writes the tools it is given.
     - ``obs_ids(obs_ids, reply_ids)``: tokens between a reply and the next reply: ``[<end of assistant turn>] +
       <user header> + obs_ids + <end of user turn> + <assistant header>``; the end-of-turn tokens are left out when
       the reply already ends with them (the model generated its EOS).
@@ -38,16 +41,29 @@ class ChatDelta:
         if self.end_ids and self.mid_ids[: len(self.end_ids)] != self.end_ids:
             self.end_ids = []
 
-    def _render(self, messages: list[tuple[str, str]], gen: bool) -> str:
+    def _render(self, messages: list[tuple[str, str]], gen: bool, tools: list[dict] | None = None) -> str:
         return self.tokenizer.apply_chat_template(
-            [{"role": r, "content": t} for r, t in messages], tokenize=False, add_generation_prompt=gen
+            [{"role": r, "content": t} for r, t in messages], tools=tools, tokenize=False, add_generation_prompt=gen
         )
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template writes a tool it is given (a dummy tool's name shows in the prompt); found once."""
+        if not hasattr(self, "_renders_tools"):
+            tool = {"type": "function", "function": {"name": "OMRLdummyTool", "description": "",
+                                                     "parameters": {"type": "object", "properties": {}}}}
+            try:
+                self._renders_tools = "OMRLdummyTool" in self._render(
+                    [("system", self._D[3]), ("user", self._D[0])], True, [tool])
+            except Exception:  # noqa: BLE001  (a template that cannot take tools does not write them)
+                self._renders_tools = False
+        return self._renders_tools
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, system: str, user: str) -> list[int]:
-        text = self._render([("system", system), ("user", user)], True)
+    def prompt_ids(self, system: str, user: str, tools: list[dict] | None = None) -> list[int]:
+        text = self._render([("system", system), ("user", user)], True, tools)
         return self.encode(text)
 
     def obs_ids(self, obs_ids: Sequence[int], reply_ids: Sequence[int]) -> list[int]:
@@ -56,6 +72,24 @@ class ChatDelta:
         if k and len(reply_ids) >= k and list(reply_ids[-k:]) == self.end_ids:
             mid = mid[k:]
         return list(mid) + list(obs_ids) + list(self.tail_ids)
+
+
+def prompt_tools(template: Any, env: Any, chat: ChatDelta, system: str) -> tuple[str, list[dict] | None]:
+    """``(system prompt, tools)`` of an episode's chat. A tool-calling template (``calls_tools``, see
+    :class:`~openmanus_rl_core.protocols.ActionTemplate`) shows the env's ``tools``, else its own (e.g. one
+    ``act(action)`` tool for an env whose actions are text): through the chat template, or, when the chat template
+    does not write tools, as the template's ``tool_prompt(tools)`` after the system prompt (tools then None). Any
+    other template: ``(system, None)``. A tool-calling template with no tools to show is a ``ValueError``."""
+    if not getattr(template, "calls_tools", False):
+        return system, None
+    tools = getattr(env, "tools", None) or getattr(template, "tools", None)
+    if not tools:
+        raise ValueError(f"the template calls tools, but the env {type(env).__name__} has no `tools`; for an env "
+                         f"whose actions are text, set template.kwargs.text_tool=act (one tool, act(action: str))")
+    tools = [dict(t) for t in tools]
+    if chat.renders_tools:
+        return system, tools
+    return f"{system}\n\n{template.tool_prompt(tools)}".lstrip(), None
 
 
 class ChatSplit:

@@ -20,7 +20,7 @@ def tokenizer_corpus(env_factory: Callable[[], Any], template: Any, tasks: Seque
     factory would fail for every task: a server that cannot start must not be started once per task), and so does
     a corpus where every task failed (:class:`~openmanus_rl_core.plugin.envs.EnvUnavailableError`, naming the first error).
     The episodes skip a wrapper's simulated waits (:func:`~openmanus_rl_core.plugin.envs.undelayed`). ``progress`` is told
-    of each task done.
+    of each task done. With a tool-calling template, the tools too, as its ``tool_prompt`` lists them.
     """
     from openmanus_rl_core.plugin.envs import EnvUnavailableError, undelayed
 
@@ -32,6 +32,9 @@ def tokenizer_corpus(env_factory: Callable[[], Any], template: Any, tasks: Seque
         try:
             first = start_task(env, task)  # the instruction may be the task's (a mix of envs: its source's)
             texts += [template.system_prompt(str(getattr(env, "instruction", "") or "")), first]
+            tools = getattr(env, "tools", None) or getattr(template, "tools", None)
+            if getattr(template, "calls_tools", False) and tools:  # the tools as a prompt lists them (rollout/chat.py)
+                texts.append(template.tool_prompt(list(tools)))
             started += 1
             if not hasattr(env, "oracle_action"):
                 continue

@@ -7,6 +7,7 @@ an episode's tokens are exactly the ones the model saw and produced; nothing dec
 Token layout of one episode (``P`` prompt tokens, then the response tokens; mask = response_mask)::
 
     prompt   = chat([system(template.system_prompt(env.instruction)), user(first observation)], gen. prompt)
+               (with a tool-calling template, the env's tools too: chat.prompt_tools)
     response = reply_0 | obs_delta_0 | reply_1 | obs_delta_1 | ... | reply_k
                 mask 1       mask 0       mask 1      mask 0            mask 1
 
@@ -51,7 +52,7 @@ from openmanus_rl_core.protocols import (
     Trajectory,
     Turn,
 )
-from openmanus_rl_core.rollout.chat import ChatDelta
+from openmanus_rl_core.rollout.chat import ChatDelta, prompt_tools
 from openmanus_rl_core.rollout.env_pool import CallStatus, EnvCallPool, describe_error
 from openmanus_rl_core.rollout.episode import Episode, LiveEpisode
 from openmanus_rl_core.rollout.episodes import EpisodeRunner
@@ -128,7 +129,8 @@ class AgentLoop:
     def _first_prompt(self, live: LiveEpisode, obs: str) -> None:
         ep, cfg = live.ep, self.cfg
         instruction = getattr(live.env, "instruction", "") or ""
-        system = self.template.system_prompt(str(instruction))
+        system, live.tools = prompt_tools(self.template, live.env, self.chat,
+                                          self.template.system_prompt(str(instruction)))
         obs_ids, cut = self._obs_tokens(obs)
         shown = self.tokenizer.decode(obs_ids) if cut else obs
         if self.per_turn:
@@ -139,7 +141,7 @@ class AgentLoop:
                 ep.trajectory.info["obs_truncated"] = ep.trajectory.info.get("obs_truncated", 0) + 1
             live.obs = obs
             return
-        ids = self.chat.prompt_ids(system, shown)
+        ids = self.chat.prompt_ids(system, shown, live.tools)
         if len(ids) > cfg.max_prompt_tokens:
             # Still too long (a long system prompt): keep the end, where the observation and the header are.
             ids = ids[-cfg.max_prompt_tokens:]
@@ -159,7 +161,8 @@ class AgentLoop:
         for drop in range(len(history) + 1):
             messages = (self.memory.messages(live.system, live.task, history[drop:], summary=live.summary)
                         if self.summaries else self.memory.messages(live.system, live.task, history[drop:]))
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(messages, tools=live.tools, tokenize=False,
+                                                      add_generation_prompt=True)
             ids = self.chat.encode(text)
             if len(ids) <= limit:
                 break

@@ -143,23 +143,32 @@ def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenize
     with Alive(log, "warm-up demonstrations", total=len(tasks), unit="tasks") as progress:
         for task in tasks:
             progress.advance()
-            episode, played = task_demonstration(task), instruction
+            episode, shown = task_demonstration(task), probe
             if episode is None and has_oracle:
-                env = env_factory()
+                shown = env_factory()
                 try:
-                    episode = oracle_episode(env, task, max_turns)
-                    played = played_instruction(env, instruction)
+                    episode = oracle_episode(shown, task, max_turns)
+                    prompt = _prompt(template, chat, shown, instruction)  # read before close: a mix forgets its env
                 finally:
-                    env.close()
+                    shown.close()
+            elif episode is not None:
+                prompt = _prompt(template, chat, shown, instruction)
             if episode is not None:
-                demos.append(_demonstration(chat, template, template.system_prompt(played), end_ids, *episode))
+                demos.append(_demonstration(chat, template, *prompt, end_ids, *episode))
     return demos
 
 
-def _demonstration(chat: Any, template: Any, system: str, end_ids: list[int], obs0: str,
+def _prompt(template: Any, chat: Any, env: Any, instruction: str) -> tuple[str, list[dict] | None]:
+    """``(system prompt, tools)`` as the rollout shows them for the task ``env`` played (rollout/chat.py)."""
+    from openmanus_rl_core.rollout.chat import prompt_tools
+
+    return prompt_tools(template, env, chat, template.system_prompt(played_instruction(env, instruction)))
+
+
+def _demonstration(chat: Any, template: Any, system: str, tools: list[dict] | None, end_ids: list[int], obs0: str,
                    steps: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
     """``(input_ids, loss_mask)`` of one episode (module docstring)."""
-    ids = chat.prompt_ids(system, obs0)
+    ids = chat.prompt_ids(system, obs0, tools)
     mask = [0] * len(ids)
     for i, (action, obs) in enumerate(steps):
         reply = chat.encode(template.render(action)) + end_ids

@@ -1,4 +1,5 @@
-"""Contributes this package's Hydra configs (``template=react``, ``template=agentgym``, ``template=json_tool``)."""
+"""Contributes this package's Hydra configs (``template=react``, ``agentgym``, ``json_tool``, ``qwen_tools``,
+``llama3_tools``, ``hermes_tools``)."""
 
 from __future__ import annotations
 
