@@ -64,7 +64,8 @@ def test_groups_without_spread_are_dropped():
     eps = [SimpleNamespace(group_id=g, trajectory=_traj(s))
            for g, s in [("a", True), ("a", True), ("b", True), ("b", False), ("c", False), ("c", False)]]
     kept, dropped = keep_groups(eps, by_success)
-    assert [e.group_id for e in kept] == ["b", "b"] and dropped == 2
+    assert [e.group_id for e in kept] == ["b", "b"] and [[e.group_id for e in g] for g in dropped] == [["a", "a"],
+                                                                                                     ["c", "c"]]
     with pytest.raises(ValueError, match="'accuracy'"):
         GroupFilter(None, metric="accuracy")
 
@@ -101,7 +102,7 @@ class SimActor:
                 for i, t in enumerate(tasks):
                     turns = self.rng.randint(1, 4)
                     eps.append(SimpleNamespace(group_id=t["group_id"], versions=[], turns_left=turns, wait=0,
-                                               trajectory=SimpleNamespace(num_turns=turns,
+                                               trajectory=SimpleNamespace(num_turns=turns, task=t,
                                                                           success=self.succeed(t["group_id"], i))))
                 self.running.append({"eps": eps})
 
@@ -228,7 +229,8 @@ class ScriptedActor:
             for tasks in groups:
                 gid = tasks[0]["group_id"]
                 eps = [SimpleNamespace(group_id=gid, versions=[self.version] * 3,
-                                       trajectory=SimpleNamespace(num_turns=1, success=True)) for _ in tasks]
+                                       trajectory=SimpleNamespace(num_turns=1, success=True, task=tasks[0]))
+                       for _ in tasks]
                 self.running.append([self.ticks.get(gid, 1), eps])
 
 
@@ -246,6 +248,9 @@ def _scripted_steps(ticks: dict[str, int], steps: int, B: int = 2, eta: int = 2)
         for gid in gids:
             assert group_staleness([e.versions for e in eps if e.group_id == gid], v) <= eta, (v, gid)
         assert metrics["stream/staleness_max"] <= eta
+        # each group left out is recorded once, with why (the trainer takes them into the step's dropped file)
+        assert len(stream.dropped) == metrics["rollout/groups_dropped"]
+        metrics["dropped"], stream.dropped = [(d["group_id"], d["reason"], d["samples"]) for d in stream.dropped], []
         out.append((gids, metrics))
     return out
 
@@ -260,7 +265,7 @@ def test_more_than_b_urgent_groups_train_none_staler_than_eta_and_count_the_extr
     dropped = [m["rollout/groups_dropped"] for _, m in steps]
     assert trained[:3] == [["s3", "s4"], ["s5", "s6"], ["s0", "s1"]]
     assert [m["stream/staleness_max"] for _, m in steps[:3]] == [0.0, 1.0, 2.0]
-    assert dropped == [0.0, 0.0, 0.0, 1.0, 0.0]
+    assert dropped == [0.0, 0.0, 0.0, 1.0, 0.0] and steps[3][1]["dropped"] == [("s2", "stale", 2)]
     assert all(len(gids) == 2 for gids in trained)
     assert "s2" not in {g for gids in trained for g in gids}
 

@@ -35,37 +35,55 @@ class GroupFilter:
         return has_spread(self.values(trajectories))
 
 
-def keep_groups(episodes: Sequence[Any], accept: Callable[[Sequence[Trajectory]], bool]) -> tuple[list, int]:
-    """The episodes of the groups ``accept`` keeps (groups by ``group_id``, in first-seen order), and how many
-    groups it dropped."""
+def keep_groups(episodes: Sequence[Any], accept: Callable[[Sequence[Trajectory]], bool]) -> tuple[list, list]:
+    """The episodes of the groups ``accept`` keeps (groups by ``group_id``, in first-seen order), and the groups
+    (each a list of its episodes) it dropped."""
     groups: dict[Any, list] = {}
     for ep in episodes:
         groups.setdefault(ep.group_id, []).append(ep)
-    kept = [eps for eps in groups.values() if accept([e.trajectory for e in eps])]
-    return [e for eps in kept for e in eps], len(groups) - len(kept)
+    kept, out = [], []
+    for eps in groups.values():
+        (kept if accept([e.trajectory for e in eps]) else out).append(eps)
+    return [e for eps in kept for e in eps], out
+
+
+def dropped_group(episodes: Sequence[Any], reason: str) -> dict[str, Any]:
+    """What a record of the groups a step left out keeps of one (run/dumps.py: the step's ``dropped`` file)."""
+    task = episodes[0].trajectory.task
+    return {"task_id": task.get("task_id"), "source": task.get("source"), "group_id": str(episodes[0].group_id),
+            "samples": len(episodes), "reason": reason}
 
 
 def fill_batch(play: Callable[[list[dict], int], list], next_rows: Callable[..., list[dict]], n: int,
                accept: Callable[[Sequence[Trajectory]], bool], max_extra_groups: int,
-               metrics: dict[str, float]) -> list:
+               metrics: dict[str, float], dropped: list[dict] | None = None) -> list:
     """A lockstep step's episodes: B task rows (``next_rows()``) played (``play(rows, first_row_index)``), the
     groups without spread dropped, and more rows played in their place -- as many as the acceptance rate so far
     says are needed, at most ``max_extra_groups`` in all -- until B groups of ``n`` are kept. If none is kept, the
     first B groups of the last rows played (zero advantage: nothing to learn, but the step stays counted). Adds
-    ``rollout/groups_filtered`` and ``rollout/groups_extra`` to ``metrics``."""
+    ``rollout/groups_filtered`` and ``rollout/groups_extra`` to ``metrics``; each group played and not trained goes
+    to ``dropped`` (:func:`dropped_group`: reason ``no_spread``, or ``surplus`` for kept ones past the B-th)."""
     rows = next_rows()
     episodes = play(rows, 0)
     B, played = len(rows), len(rows)
-    kept, filtered = keep_groups(episodes, accept)
+    kept, out = keep_groups(episodes, accept)
     while len(kept) < B * n and played - B < max_extra_groups:
         accepted = len(kept) // n
         want = -(-(B - accepted) * played // max(accepted, 1))  # rows to play at the acceptance rate so far
         more = next_rows(min(want, max_extra_groups - (played - B)))
         episodes = play(more, played)
         played += len(more)
-        k, f = keep_groups(episodes, accept)
-        kept, filtered = kept + k, filtered + f
-    metrics["rollout/groups_filtered"] = float(filtered)
+        k, o = keep_groups(episodes, accept)
+        kept, out = kept + k, out + o
+    metrics["rollout/groups_filtered"] = float(len(out))
     metrics["rollout/groups_extra"] = float(played - B)
     # The last refill may have played more than B rows: the step never trains more than B groups.
-    return kept[:B * n] if kept else episodes[:B * n]
+    trained = kept[:B * n] if kept else episodes[:B * n]
+    if dropped is not None:
+        chosen = {id(e) for e in trained}
+        dropped += [dropped_group(eps, "no_spread") for eps in out if id(eps[0]) not in chosen]
+        surplus: dict[Any, list] = {}
+        for e in kept[B * n:]:
+            surplus.setdefault(e.group_id, []).append(e)
+        dropped += [dropped_group(eps, "surplus") for eps in surplus.values()]
+    return trained

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from openmanus_rl_core.rollout.episode import Episode
+from openmanus_rl_core.algorithms.dynamic_sampling import dropped_group
 from openmanus_rl_core.rollout.staleness import Admission, group_staleness
 from openmanus_rl_core.config.schema import RolloutConfig
 
@@ -194,6 +195,7 @@ class GroupStream:
         self.counter = 0
         self.started = False
         self.batches = 0  # returned since this stream was built or restored: the first is marked stream/first_batch
+        self.dropped: list[dict] = []  # groups finished and left out since the trainer last took them (why: reason)
 
     # ---------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -250,8 +252,10 @@ class GroupStream:
                         self.ready.append(g)
                     else:
                         filtered += 1
+                        self.dropped.append(dropped_group(eps, "no_spread"))
             # A complete group staler than eta can never be trained: dropped once seen, its place admits another.
             keep = [g for g in self.ready if self._staleness(g, version) <= self.eta]
+            self.dropped += [dropped_group(g.episodes, "stale") for g in self.ready if g not in keep]
             dropped += self._drop(len(self.ready) - len(keep))
             self.ready = keep
             fresh = [g for g in self.ready if g.gid not in handed] if on_groups is not None else []

@@ -13,6 +13,8 @@ turn of it with a per-turn memory). Columns:
 - how it went: ``reward``, ``reward_parts`` (JSON, per component), ``termination``, ``env_error``, ``invalid`` (the
   sample's replies the template could not read), ``success``, ``valid`` (False: an env error left out of the loss).
 
+Groups the step played and did not train go to ``dropped_000012.jsonl`` (:meth:`RolloutDumps.write`).
+
 The file's schema metadata holds the format, the step and the model fingerprint (:func:`model_fingerprint`: the
 model's config and tokenizer files), so a dump is never replayed on another model. Each file is written to a
 temporary name, fsynced and renamed: a kill leaves the previous file or the whole new one. Its SHA-256 goes into
@@ -26,13 +28,14 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 FORMAT = 1
 FOLDER = "rollouts"
 _STEP_FILE = re.compile(r"^step_(\d+)\.parquet$")
+_RECORD = re.compile(r"^(step|dropped)_(\d+)\.(parquet|jsonl)$")
 _MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                 "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
 # tensor column -> numpy dtype it is written as (and torch dtype it is read back as)
@@ -177,15 +180,26 @@ class RolloutDumps:
         self.fingerprint = model_fingerprint(model_dir)
         self.written: dict[str, str] = {}  # file name -> sha256, every step up to the newest
 
-    def write(self, step: int, batch: Any) -> None:
+    def write(self, step: int, batch: Any, dropped: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Step ``step``'s batch, and the groups it played and left out (``dropped_000012.jsonl``, one JSON object
+        per group: task_id, source, group_id, samples, reason -- no_spread, surplus or stale -- none: no file)."""
         path, sha = write_dump(self.folder, step, batch, self.fingerprint)
         self.written[path.name] = sha
+        left_out = self.folder / f"dropped_{int(step):06d}.jsonl"
+        if dropped:
+            tmp = left_out.with_name(f".{left_out.name}.tmp-{os.getpid()}")
+            tmp.write_text("".join(json.dumps(dict(d), sort_keys=True) + "\n" for d in dropped))
+            os.replace(tmp, left_out)
+            self.written[left_out.name] = _sha256(left_out)
+        elif left_out.exists():  # a killed run's attempt at this step left some out; this one did not
+            left_out.unlink()
+            self.written.pop(left_out.name, None)
 
     def manifest(self, step: int) -> dict[str, str]:
-        """The dumps of steps up to ``step``, as a checkpoint lists them (a resumed run hashes those on disk once)."""
-        for earlier in dumped_steps(self.folder):
-            name = dump_path(self.folder, earlier).name
-            if earlier <= step and name not in self.written:
-                self.written[name] = _sha256(self.folder / name)
-        return {name: sha for name, sha in sorted(self.written.items())
-                if int(_STEP_FILE.match(name).group(1)) <= step}
+        """The dumps and dropped files of steps up to ``step``, as a checkpoint lists them (a resumed run hashes
+        those on disk once)."""
+        for path in sorted(self.folder.iterdir()) if self.folder.is_dir() else ():
+            found = _RECORD.match(path.name)
+            if found and int(found.group(2)) <= step and path.name not in self.written:
+                self.written[path.name] = _sha256(path)
+        return {name: sha for name, sha in sorted(self.written.items()) if int(_RECORD.match(name).group(2)) <= step}

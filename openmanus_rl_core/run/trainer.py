@@ -80,6 +80,7 @@ class Trainer:
         self.policy_version = 0  # actor updates so far: the version of the rollout engine's weights
         self.overlap = None  # rollout.overlap_update: the step's gradients so far (run/overlap.py)
         self.dumps = None  # trainer.save_rollouts: the run's rollout dumps (run/dumps.py), from set-up on
+        self.dropped: list[dict] = []  # the step's groups played and not trained (dynamic sampling, staleness)
         if self.cfg.rollout.overlap_update:
             from openmanus_rl_core.run.overlap import OverlappedUpdate
 
@@ -125,7 +126,8 @@ class Trainer:
             metrics["train/skipped_steps"] = float(self.skipped_steps)
             if self.dumps is not None:  # trainer.save_rollouts: what this step trained on (run/dumps.py)
                 with timer("dump"):
-                    self.dumps.write(step, batch)
+                    self.dumps.write(step, batch, self.dropped)
+            self.dropped = []
         metrics.update(perf_metrics(batch, timer.timings))
         metrics.update(timer.metrics())
         return metrics
@@ -139,6 +141,7 @@ class Trainer:
                     self.overlap.begin()
                 episodes = self._stream().next_batch(self.policy_version, metrics,
                                                      on_groups=None if self.overlap is None else self.overlap.add)
+                self.dropped, self.stream.dropped = self.stream.dropped, []
                 if self.overlap is not None:
                     self.overlap.add(episodes)  # none left, unless the stream held some back
                     metrics["timing/overlap_update"] = self.overlap.seconds
@@ -164,7 +167,8 @@ class Trainer:
 
         if self.group_filter is None:
             return play(self.sampler.next_batch(), 0)
-        return fill_batch(play, self.sampler.next_batch, self.n, self.group_filter, self.max_extra_groups, metrics)
+        return fill_batch(play, self.sampler.next_batch, self.n, self.group_filter, self.max_extra_groups, metrics,
+                          self.dropped)
 
     def _stream(self):
         """The group stream (rollout/stream.py), started at the first step that needs it."""

@@ -32,15 +32,15 @@ class Rows:
         assert first == len(self.played)  # the index of the first row, as the trainer numbers group ids
         self.calls.append([r["task_id"] for r in rows])
         self.played += self.calls[-1]
-        return [SimpleNamespace(group_id=r["task_id"],
-                                trajectory=SimpleNamespace(success=r["task_id"] in self.spread and i % 2 == 0))
+        return [SimpleNamespace(group_id=r["task_id"], trajectory=SimpleNamespace(
+                    success=r["task_id"] in self.spread and i % 2 == 0, task=dict(r, source="s")))
                 for r in rows for i in range(self.n)]
 
 
-def _fill(B, n, spread, max_extra):
+def _fill(B, n, spread, max_extra, dropped=None):
     rows = Rows(B, n, spread)
     metrics: dict = {}
-    episodes = fill_batch(rows.play, rows.next_rows, n, GroupFilter(None, "success"), max_extra, metrics)
+    episodes = fill_batch(rows.play, rows.next_rows, n, GroupFilter(None, "success"), max_extra, metrics, dropped)
     return episodes, metrics, rows
 
 
@@ -75,8 +75,14 @@ def test_fill_batch_trains_exactly_b_times_n_whenever_the_budget_reaches_b_group
     """Rows are played in order, at most B + max_extra of them: the step trains exactly B x n episodes, all of groups
     with spread, iff B of those rows have spread; otherwise every group with spread it played (or, with none, the
     last rows played)."""
-    episodes, metrics, rows = _fill(B, n, spread, max_extra)
+    dropped: list[dict] = []
+    episodes, metrics, rows = _fill(B, n, spread, max_extra, dropped)
     reachable = [r for r in range(B + max_extra) if r in spread]
+    # every row played is trained or recorded as dropped, never both, never neither (rollout dumps: exactly once)
+    trained_rows = list(dict.fromkeys(e.group_id for e in episodes))
+    assert sorted(trained_rows + [d["task_id"] for d in dropped]) == rows.played
+    assert all(d["samples"] == n and d["source"] == "s" for d in dropped)
+    assert all((d["reason"] == "surplus") == (d["task_id"] in spread) for d in dropped)
     assert len(rows.played) <= B + max_extra
     assert metrics["rollout/groups_extra"] == len(rows.played) - B <= max_extra
     groups = list(dict.fromkeys(e.group_id for e in episodes))
