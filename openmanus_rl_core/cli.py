@@ -293,6 +293,12 @@ def check_command_keys(command: str, overrides: Sequence[str]) -> None:
             node = type(default) if dataclasses.is_dataclass(default) else None
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from openmanus_rl_core.commands.inspect import inspect_run
+
+    return inspect_run(args)
+
+
 def _config_doc(args: argparse.Namespace) -> int:
     from openmanus_rl_core.config.loading import render_doc
 
@@ -312,6 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_plugins)
     sub.add_parser("config-doc", help="print every config key with type, default and meaning (Markdown)"
                    ).set_defaults(run=_config_doc)
+    p = sub.add_parser("inspect", help="what a run trained on, per step, from its rollout dumps "
+                                       "(trainer.save_rollouts=true); writes <run>/rollouts/inspect.html")
+    p.add_argument("run_dir", metavar="run", help="the run directory")
+    p.add_argument("--steps", help="the steps whose samples the HTML page shows, K..M (default: the last one)")
+    p.set_defaults(run=_inspect)
     groups: dict[str, argparse._SubParsersAction] = {}
     for command in JOBS:
         group, _, action = command.rpartition(" ")

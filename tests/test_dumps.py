@@ -136,3 +136,19 @@ def test_a_range_the_dumps_do_not_cover_is_one_line_and_exit_2(ppo_run, capsys, 
                  *(a.format(run=ppo_run) for a in args)])  # refused before Ray or a worker starts
     err = capsys.readouterr().err
     assert code == 2 and err.strip().splitlines() == [f"error: {line.format(run=ppo_run)}"], err
+
+
+@pytest.mark.slow
+def test_inspect_tables_each_step_and_writes_the_browser_over_its_samples(ppo_run, capsys):
+    from openmanus_rl_core.cli import main
+
+    assert main(["inspect", str(ppo_run), "--steps", "4..5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [ln.split() for ln in lines[1:6]]
+    assert [r[0] for r in rows] == ["1", "2", "3", "4", "5"] and all(r[1] == "8" and r[2] == "4" for r in rows)
+    assert all(r[6] == "0:8" for r in rows)  # lockstep: every sample trained by the weights that generated it
+    page = (ppo_run / "rollouts" / "inspect.html").read_text()
+    assert lines[-1] == f"browser over steps 4, 5: {ppo_run / 'rollouts' / 'inspect.html'}"
+    assert page.count("<details id='ep") == 16 and "(step 5)" in page and "(step 3)" not in page
+    # an observation's own text, without the chat template's turn markers around it
+    assert "<pre class='obs'>Unknown action. Actions: open box, say &lt;word&gt;.</pre>" in page

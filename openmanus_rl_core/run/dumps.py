@@ -161,6 +161,7 @@ def read_dump(path: str | os.PathLike, fingerprint: str | None = None) -> Any:
                                                               else values).astype(TENSORS[name]))
     keep = ("task_id", "data_source", "source", "group_id", "episode_id", "uid", "reward", "termination", "success")
     non_tensors = {name: table.column(name).to_pylist() for name in keep}
+    non_tensors["reward_parts"] = [json.loads(p) for p in table.column("reward_parts").to_pylist()]
     return Batch(tensors=tensors, non_tensors=non_tensors, meta={"step": int(meta["step"])})
 
 
