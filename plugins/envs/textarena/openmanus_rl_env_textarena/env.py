@@ -1,0 +1,190 @@
+"""``textarena``: TextArena's single-player text games (PyPI ``textarena``) as an env, ``env.kwargs.game=<id>``.
+
+A task is one game as TextArena deals it: task id ``t`` is ``reset(num_players=1, seed=t)`` of ``ta.make(game,
+**config)`` (``task_id=None`` uses ``seed``; neither: a random game). Each game keeps its own ``random`` state
+(:class:`~openmanus_rl_env_textarena.games.Isolated`), so the same task id gives the same game, and the same moves
+the same result, in any process and however many envs play at once (games that draw during play included).
+
+An episode: :meth:`TextArenaEnv.reset` returns what TextArena sends the player first (the game's rules, and its
+board for board games); each :meth:`TextArenaEnv.step` sends the action (the template's action: the text inside
+``<action>...</action>`` with ``react``; a reply the template cannot parse arrives whole) to ``step`` of the game
+with its action wrappers (``[...]`` added to a bare move), and returns what TextArena sent the player since, one
+``[GAME] message`` line each, as TextArena's ``LLMObservationWrapper`` writes them (the echo of the player's own
+move left out). When the game ends, TextArena's reason closes the observation and:
+
+- the step's reward is TextArena's reward (``close()``'s ``rewards[0]``: 1 for a win, the game's share of
+  completion otherwise, the game's own penalty after an invalid move); steps before it earn 0;
+- ``info["score"]``: that reward; ``info["success"]``: ``reward >= success_threshold``; ``info["reason"]``:
+  TextArena's reason.
+
+An illegal move is what TextArena calls an invalid move: ``info["invalid"]`` is True and the observation is
+TextArena's own message ("You attempted an invalid move. Reason: ... Please resubmit a valid move ..."). TextArena
+lets a player resubmit once; a second invalid move in a row ends the game with the game's reward. A game that
+raises on a move ends the episode as invalid (reward 0, the error in ``info["game_error"]``): never a crash.
+
+``oracle_action()`` exists for games with a cheap solver (:mod:`openmanus_rl_env_textarena.oracles`:
+GuessTheNumber, TowerOfHanoi, FrozenLake); other games have no oracle: ``hasattr(env, "oracle_action")`` is False
+and the warm-up is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import numbers
+import random
+import typing
+from typing import Any, Dict, Optional
+
+from openmanus_rl_core.protocols import StepResult, as_text
+
+from openmanus_rl_env_textarena import games
+from openmanus_rl_env_textarena.oracles import ORACLES
+
+__all__ = ["TextArenaEnv", "DEFAULT_INSTRUCTION", "render"]
+
+DEFAULT_INSTRUCTION = ("You are playing a single-player text game. Read the game's rules and its messages. Your "
+                       "action is one move, written the way the game asks for it (for example [5] or [A C]).")
+
+
+def render(messages: list[tuple[int, str, Any]]) -> str:
+    """The game's messages to the player as ``[GAME] text`` lines (``LLMObservationWrapper``'s layout). The
+    player's own moves are left out (its reply already holds them): in a single-player game that is every message
+    not from the game, and the game's echo of the move (typed ``PLAYER_ACTION``)."""
+    import textarena as ta
+
+    return "\n".join(f"[GAME] {text}" for sender, text, kind in messages
+                     if sender == ta.GAME_ID and kind != ta.ObservationType.PLAYER_ACTION)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_threshold(success_threshold: Any) -> None:
+    t = success_threshold
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise ValueError(f"success_threshold={t}: must be a number (TextArena's reward for a win is 1)")
+
+
+class TextArenaEnv:
+    """A single-player TextArena game (module docstring).
+
+    kwargs: ``game`` (a TextArena id, e.g. ``GuessTheNumber-v0``), ``config`` (the game's own settings, passed to
+    ``ta.make``), ``success_threshold`` (the reward that counts as success), ``instruction`` (the task
+    description templates put in the system prompt; None: :data:`DEFAULT_INSTRUCTION`).
+    """
+
+    def __init__(self, game: str = "GuessTheNumber-v0", config: Optional[Dict[str, Any]] = None,
+                 success_threshold: float = 1.0, instruction: Optional[str] = None):
+        _check_threshold(success_threshold)
+        self.spec = games.check(game, config)
+        self.game_id = self.spec.id
+        self.success_threshold = float(success_threshold)
+        self.instruction = DEFAULT_INSTRUCTION if instruction is None else str(instruction)
+        self._game: Any = None
+        self._rng = games.Isolated()
+        self._done = True
+
+    # ----------------------------------------------------------------------------------- protocol
+    def reset(self, task_id: int | None = None, seed: int | None = None) -> str:
+        """The game TextArena deals for seed ``task_id`` (``seed`` when None; a random one when both are)."""
+        for name, value in (("task_id", task_id), ("seed", seed)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise ValueError(f"textarena env: {name} must be an int, got {type(value).__name__} {value!r}")
+        chosen = task_id if task_id is not None else seed
+        chosen = int(chosen) if chosen is not None else random.SystemRandom().randrange(2**31)
+        if self._game is None:
+            with self._rng():
+                self._game = games.make(self.spec)
+        with self._rng():
+            self._game.reset(num_players=1, seed=chosen)
+            _, messages = self._game.get_observation()
+        self._done = False
+        return render(messages)
+
+    def step(self, action: str) -> StepResult:
+        """Play one move (module docstring)."""
+        if self._game is None:
+            raise RuntimeError("textarena env: call reset() before step()")
+        info: dict[str, Any] = {"game": self.game_id, "invalid": False}
+        if self._done:  # a step after the end: answered, never raised (the protocol's step is total)
+            return StepResult("The episode is over.", 0.0, True, {**info, "invalid": True})
+        state = self._state
+        errors = getattr(state, "error_count", 0)
+        try:
+            with self._rng():
+                done, _ = self._game.step(as_text(action))
+                _, messages = self._game.get_observation()
+        except Exception as exc:  # noqa: BLE001  (a game's own bug on some text: the episode ends, the run goes on)
+            self._done = True
+            why = games.first_line(exc)
+            return StepResult(f"[GAME] The game could not take this move ({why}). The game is over.", 0.0, True,
+                              {**info, "invalid": True, "game_error": why, "score": 0.0, "success": False})
+        outcome = state.game_info.get(0, {})
+        info["invalid"] = bool(getattr(state, "error_count", 0) > errors or (done and outcome.get("invalid_move")))
+        info["turn"] = int(state.turn)
+        text = render(messages)
+        if not done:
+            return StepResult(text, 0.0, False, info)
+        self._done = True
+        with self._rng():
+            rewards, _ = self._game.close()
+        value = (rewards or {}).get(0, 0.0)
+        reward = float(value) if _is_number(value) else 0.0
+        if not _is_number(value):  # 0.7.4: Countdown, Cryptarithm, Slitherlink, ThreeCardMonte swap reward and reason
+            info["reward_error"] = f"TextArena gave {str(value)[:200]!r} as the reward; counted as 0"
+        reason = str(outcome.get("reason") or "")
+        info.update(score=reward, success=reward >= self.success_threshold, reason=reason)
+        if reason:
+            text = f"{text}\n[GAME] {reason}" if text else f"[GAME] {reason}"
+        return StepResult(text, reward, True, info)
+
+    def close(self) -> None:
+        self._done = True
+
+    # ----------------------------------------------------------------------------------- extras
+    @property
+    def _state(self) -> Any:
+        return self._game.state
+
+    @property
+    def _bare(self) -> Any:
+        import textarena as ta
+
+        env = self._game
+        while isinstance(env, ta.Wrapper):
+            env = env.env
+        return env
+
+    @property
+    def oracle_action(self):
+        """The solver's next move (``oracle_action()``), present only for games that have one
+        (:data:`~openmanus_rl_env_textarena.oracles.ORACLES`)."""
+        if self.spec.cls not in ORACLES:
+            raise AttributeError(f"TextArena's {self.game_id} ({self.spec.cls}) has no solver here, so the env has no "
+                                 f"oracle (games with one: {', '.join(sorted(ORACLES))})")
+        return self._oracle_action
+
+    def _oracle_action(self) -> str:
+        if self._game is None or self._done:
+            raise RuntimeError("textarena env: oracle_action() needs a game in play (reset() first)")
+        return ORACLES[self.spec.cls](self._bare)
+
+
+def _kwargs_dataclass() -> type:
+    """``env.kwargs``, checked before the run starts: the fields and defaults are the constructor's; building it
+    checks the game id (unknown, multi-player, or not startable here) and its settings, in one line each."""
+    params = [p for p in inspect.signature(TextArenaEnv.__init__).parameters.values() if p.name != "self"]
+    hints = typing.get_type_hints(TextArenaEnv.__init__)
+    fields = [(p.name, hints[p.name], dataclasses.field(default=p.default)) for p in params]
+
+    def __post_init__(self) -> None:
+        _check_threshold(self.success_threshold)
+        games.check(self.game, self.config, quiet=True)
+
+    return dataclasses.make_dataclass("Kwargs", fields, namespace={"__post_init__": __post_init__})
+
+
+TextArenaEnv.Kwargs = _kwargs_dataclass()
