@@ -15,12 +15,14 @@ The kit feeds hostile text (empty, huge, unicode, control characters, markup) dr
 generator, so a failure reproduces.
 
 The checks live by the kind they check: ``envs`` (``check_env``, ``check_oracle``, ``oracle_rollout``),
-``templates``, ``rewards``, ``allocators``, ``memories``; ``common`` holds :class:`ConformanceError`,
+``templates``, ``rewards``, ``allocators``, ``memories``; ``engines`` holds :class:`ScriptedEngine` (replies from a
+script, to drive the real rollout loop without a model); ``common`` holds :class:`ConformanceError`,
 :func:`hostile_texts` and ``SMALL_RUN``. Import them from here.
 """
 
 from .allocators import check_allocator
 from .common import SMALL_RUN, ConformanceError, hostile_texts
+from .engines import ScriptedEngine
 from .envs import check_env, check_oracle, oracle_rollout
 from .memories import check_memory
 from .rewards import check_reward, sample_trajectories
@@ -28,6 +30,7 @@ from .templates import check_template
 
 __all__ = [
     "ConformanceError",
+    "ScriptedEngine",
     "hostile_texts",
     "check_env",
     "check_oracle",

@@ -21,9 +21,8 @@ from openmanus_rl_core.config import ConfigError
 from openmanus_rl_core.config.loading import load
 from openmanus_rl_core.models.loading import build_tokenizer
 from openmanus_rl_core.plugin.registry import build, registry
-from openmanus_rl_core.protocols import Generation
 from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, expand_tasks
-from openmanus_rl_core.testing import SMALL_RUN, check_env, oracle_rollout
+from openmanus_rl_core.testing import SMALL_RUN, ScriptedEngine, check_env, oracle_rollout
 from openmanus_rl_env_python import PythonEnv, function_schema
 from openmanus_rl_templates.tool_calls import canonical
 
@@ -308,25 +307,6 @@ def test_a_scripts_class_is_named_by_the_scripts_module(monkeypatch, tmp_path):
 
 
 # ----------------------------------------------------------------------- the tools in the model's chat template
-class Scripted:
-    """A rollout engine whose replies are given: the i-th prompt of the k-th generate call gets ``replies[k][i]``;
-    the prompts it saw are kept as text."""
-
-    def __init__(self, tokenizer, replies):
-        self.tok, self.replies, self.calls, self.prompts = tokenizer, replies, 0, []
-
-    def generate(self, prompts, params):
-        texts = self.replies[self.calls]
-        self.calls += 1
-        self.prompts.append([self.tok.decode(p) for p in prompts])
-        out = []
-        for text in texts:
-            ids = self.tok.encode(text, add_special_tokens=False)
-            out.append(Generation(list(ids), [-0.1] * len(ids), text, "stop"))
-        return out
-
-    def update_weights(self, state_dict):
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -339,7 +319,7 @@ def qwen_tokenizer():
 
 def thermostat_loop(tokenizer, replies, memory=None, **env_kwargs):
     template = build("template", {"name": "qwen_tools", "kwargs": {}})
-    engine = Scripted(tokenizer, replies)
+    engine = ScriptedEngine(tokenizer, replies)
     loop = AgentLoop(engine, tokenizer, template, lambda: PythonEnv(cls=THERMO, **env_kwargs),
                      RolloutConfig(max_turns=4, max_new_tokens=64, max_prompt_tokens=4096, max_response_tokens=2048,
                                    max_sample_tokens=4096), memory=memory)

@@ -20,10 +20,10 @@ from openmanus_rl_core.config.loading import load
 from openmanus_rl_core.data.tasks import load_tasks
 from openmanus_rl_core.models.loading import build_tokenizer
 from openmanus_rl_core.plugin.registry import registry
-from openmanus_rl_core.protocols import Generation, OracleEnv
+from openmanus_rl_core.protocols import OracleEnv
 from openmanus_rl_core.rewards.composer import RewardComposer
 from openmanus_rl_core.rollout import AgentLoop, RolloutConfig
-from openmanus_rl_core.testing import check_env, check_oracle
+from openmanus_rl_core.testing import ScriptedEngine, check_env, check_oracle
 from openmanus_rl_env_reasoning_gym import DEFAULT_INSTRUCTION, ReasoningGymEnv, datasets
 
 BIN = Path(sys.executable).parent
@@ -46,27 +46,6 @@ def reference_score(ds, answer, entry):
         return 0.0, True
 
 
-class Scripted:
-    """A rollout engine whose replies are given: the i-th prompt of the k-th generate call gets ``replies[k][i]``."""
-
-    def __init__(self, tokenizer, replies):
-        self.tok, self.replies, self.calls, self.prompts = tokenizer, replies, 0, []
-
-    def generate(self, prompts, params):
-        texts = self.replies[self.calls]
-        self.calls += 1
-        self.prompts.append([self.tok.decode(p) for p in prompts])
-        assert len(texts) == len(prompts)
-        out = []
-        for text in texts:
-            ids = self.tok.encode(text, add_special_tokens=False)
-            out.append(Generation(list(ids), [-0.1] * len(ids), text, "stop"))
-        return out
-
-    def update_weights(self, state_dict):
-        pass
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     corpus = [reference(n, size=10)[i]["question"] for n in MIX for i in range(5)]
@@ -82,7 +61,7 @@ def composer_and_template():
 
 def play(env_factory, template, tokenizer, tasks, replies, max_turns=1):
     """Trajectories of ``tasks`` (``{task_id, seed}``) with the scripted ``replies`` (one list per turn)."""
-    loop = AgentLoop(Scripted(tokenizer, replies), tokenizer, template, env_factory,
+    loop = AgentLoop(ScriptedEngine(tokenizer, replies), tokenizer, template, env_factory,
                      RolloutConfig(max_turns=max_turns, max_new_tokens=2048, max_response_tokens=8192,
                                    max_prompt_tokens=8192, max_obs_tokens=512))
     return [e.trajectory for e in loop.run([dict(t, group_id=i) for i, t in enumerate(tasks)])], loop

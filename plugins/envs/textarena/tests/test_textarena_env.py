@@ -22,10 +22,10 @@ from openmanus_rl_core.config import ConfigError
 from openmanus_rl_core.config.loading import load
 from openmanus_rl_core.models.loading import build_tokenizer
 from openmanus_rl_core.plugin.registry import registry
-from openmanus_rl_core.protocols import Generation, OracleEnv
+from openmanus_rl_core.protocols import OracleEnv
 from openmanus_rl_core.rewards.composer import RewardComposer
 from openmanus_rl_core.rollout import AgentLoop, RolloutConfig
-from openmanus_rl_core.testing import check_env, check_oracle
+from openmanus_rl_core.testing import ScriptedEngine, check_env, check_oracle
 from openmanus_rl_core.testing.common import hostile_texts
 from openmanus_rl_env_textarena import DEFAULT_INSTRUCTION, TextArenaEnv, games
 from openmanus_rl_env_textarena.oracles import _hanoi
@@ -57,15 +57,14 @@ def textarena_play(game, seed, actions, config=None):
 
 # ------------------------------------------------------------------------------------------- the player
 class Player:
-    """A rollout engine that plays a game: each reply is drawn (seeded) from the game's moves, malformed replies
+    """The moves of a game for a scripted engine: each reply is drawn (seeded) from the game's moves, malformed replies
     included; for TowerOfHanoi, often the solver's move for the last board in the prompt."""
 
     GARBAGE = ["I think I will go with this one.", "<action></action>", "<action>no idea</action>", "[", "]]][[",
                "<action>\x00🙂</action>"]
 
-    def __init__(self, tokenizer, game, seed=0):
-        self.tok, self.game, self.rng = tokenizer, game, random.Random(seed)
-        self.calls = 0
+    def __init__(self, game, seed=0):
+        self.game, self.rng = game, random.Random(seed)
 
     def move(self, prompt):
         r = self.rng
@@ -89,18 +88,6 @@ class Player:
             return f"<action>[{r.randint(0, 5)} {r.randint(0, 5)}]</action>"
         raise AssertionError(self.game)
 
-    def generate(self, prompts, params):
-        self.calls += 1
-        out = []
-        for p in prompts:
-            text = self.move(self.tok.decode(p))
-            ids = self.tok.encode(text, add_special_tokens=False)
-            out.append(Generation(list(ids), [-0.1] * len(ids), text, "stop"))
-        return out
-
-    def update_weights(self, state_dict):
-        pass
-
 
 @pytest.fixture(scope="module")
 def tokenizer():
@@ -118,7 +105,7 @@ def composer_and_template():
 
 def play(game, template, tokenizer, tasks, seed=0, max_turns=40):
     """Trajectories of ``tasks`` (``{task_id, seed}``), every episode live at once (one env call thread each)."""
-    loop = AgentLoop(Player(tokenizer, game, seed), tokenizer, template, lambda: TextArenaEnv(game=game),
+    loop = AgentLoop(ScriptedEngine(tokenizer, Player(game, seed).move), tokenizer, template, lambda: TextArenaEnv(game=game),
                      RolloutConfig(max_turns=max_turns, max_new_tokens=256, max_response_tokens=65536,
                                    max_prompt_tokens=8192, max_obs_tokens=4096))
     return [e.trajectory for e in loop.run([dict(t, group_id=i) for i, t in enumerate(tasks)])]
