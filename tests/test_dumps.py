@@ -4,8 +4,11 @@ trained on is kept whole, atomically, named by the next checkpoint, and replays 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,14 +80,46 @@ def test_the_fingerprint_tells_models_and_tokenizers_apart(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- a run, replayed
+def kill_once_written(cmd: list[str], path: Path, env: dict) -> None:
+    """Start ``cmd`` and kill -9 its whole process group (driver, Ray, workers) as soon as ``path`` exists."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while not path.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run ended before {path.name} was written"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory, cli_env) -> Path:
-    """A PPO run with its critic, 5 steps, dumping every batch: checkpoints at steps 0 and 5."""
+    """A PPO run with its critic, 5 steps, dumping every batch, checkpoints at steps 0, 2, 4 and 5: killed with
+    kill -9 once step 3's dump is written, then resumed (from step 2: step 3 is trained and dumped again)."""
     run = tmp_path_factory.mktemp("dumps") / "run"
-    out = subprocess.run([str(BIN / "openmanus-rl"), "train", *SMALL, "algorithm=ppo", f"trainer.run_dir={run}"],
-                         env=cli_env, capture_output=True, text=True, timeout=600)
+    cmd = [str(BIN / "openmanus-rl"), "train", *[o for o in SMALL if not o.startswith("trainer.save_freq=")],
+           "trainer.save_freq=2", "trainer.max_checkpoints=null", "algorithm=ppo", f"trainer.run_dir={run}"]
+    kill_once_written(cmd, run / "rollouts" / "step_000003.parquet", cli_env)
+    out = subprocess.run([*cmd, "trainer.resume=auto"], env=cli_env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return run
+
+
+@pytest.mark.slow
+def test_across_a_kill_each_task_is_trained_n_times_in_the_samplers_order_none_lost_none_twice(ppo_run):
+    """The dumps of steps 1..5 hold exactly the first 20 tasks of the sampler's order (an epoch of 16, then 4 of the
+    next), each n=2 times, in order: the steps the kill cut short were trained again from the checkpoint, none twice."""
+    import pyarrow.parquet as pq
+
+    from openmanus_rl_core.data.sampler import TaskSampler
+    from openmanus_rl_core.data.tasks import load_tasks
+
+    tasks = load_tasks(ppo_run / "data" / "train.parquet")  # 16 tasks: steps 1-4 are epoch 0, step 5 opens epoch 1
+    sampler = TaskSampler(tasks, 4, seed=0)
+    order = [tasks[i]["task_id"] for epoch in (0, 1) for i in sampler.order(epoch)]
+    trained = [t for k in range(1, 6) for t in pq.read_table(ppo_run / "rollouts" / f"step_00000{k}.parquet")
+               .column("task_id").to_pylist()]
+    assert trained == [t for t in order[:20] for _ in range(2)]
+    assert not list((ppo_run / "rollouts").glob("dropped_*")) and not list((ppo_run / "rollouts").glob(".*tmp*"))
 
 
 def _replay(cli_env, *args: str) -> subprocess.CompletedProcess:

@@ -62,8 +62,8 @@ def restore(trainer: Any, path: Path, state: dict | None = None) -> int:
     restore_rng_state(state["rng"]["driver"])
     trainer.policy_version = int(t.get("policy_version", t["step"]))
     trainer._stream_state = state.get("stream")
-    if trainer.cfg.rollout.max_staleness is not None:  # the stream tags tokens with the engine's version
-        trainer.actor.call("sync_rollout_weights", version=trainer.policy_version)
+    # Every rollout tags its tokens with the engine's policy version (the stream's staleness, the rollout dumps).
+    trainer.actor.call("sync_rollout_weights", version=trainer.policy_version)
     return int(t["step"])
 
 
