@@ -17,8 +17,9 @@ install: $(VENV)/bin/activate
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e . $(foreach p,$(PLUGINS),-e $(p))
 
+# The tests also play a published OpenEnv env from PyPI (DIPG Safety Gym, offline on a local dataset).
 install-test: install
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test]" -e "plugins/envs/openenv[published]"
 
 demo: install
 	$(VENV)/bin/openmanus-rl train

@@ -1,0 +1,12 @@
+"""Contributes this package's Hydra configs: ``env=openenv`` and ``reward=openenv``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openmanus_rl_core.hookspecs import hookimpl
+
+
+@hookimpl
+def openmanus_rl_config_dirs() -> list[str]:
+    return [str(Path(__file__).parent / "configs")]
