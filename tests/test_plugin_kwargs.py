@@ -142,8 +142,8 @@ def test_a_factory_with_var_kwargs_takes_any_name_but_checks_the_named_ones():
 
 def test_a_key_the_command_does_not_read_is_refused(tmp_path, cli_env):
     got, seconds = _refused(["trainer.checkpoint=some/run"], tmp_path, cli_env)
-    assert got == ("error: trainer.checkpoint=some/run: trainer.checkpoint is read by eval, export, rollout and serve, "
-                   "not by train; to continue a run, use trainer.run_dir=<run> trainer.resume=auto (or "
+    assert got == ("error: trainer.checkpoint=some/run: trainer.checkpoint is read by eval, export, rollout, serve and "
+                   "replay, not by train; to continue a run, use trainer.run_dir=<run> trainer.resume=auto (or "
                    "trainer.resume=<checkpoint>)")
     got, _ = _refused(["trainer.resume=auto"], tmp_path, cli_env, command="eval")
     assert got == ("error: trainer.resume=auto: trainer.resume is read by train, not by eval; the checkpoint "
