@@ -4,11 +4,8 @@ trained on is kept whole, atomically, named by the next checkpoint, and replays 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ import torch
 from openmanus_rl_core.batch import Batch
 from openmanus_rl_core.checkpoint.store import load_checkpoint
 from openmanus_rl_core.run.dumps import DumpError, dump_path, model_fingerprint, read_dump, write_dump
+from kills import kill_once_written
 
 BIN = Path(sys.executable).parent
 SMALL = ["env=key_door", "trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=1", "trainer.num_workers=1",
@@ -80,17 +78,6 @@ def test_the_fingerprint_tells_models_and_tokenizers_apart(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- a run, replayed
-def kill_once_written(cmd: list[str], path: Path, env: dict) -> None:
-    """Start ``cmd`` and kill -9 its whole process group (driver, Ray, workers) as soon as ``path`` exists."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 600
-    while not path.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, f"the run ended before {path.name} was written"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-
-
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory, cli_env) -> Path:
     """A PPO run with its critic, 5 steps, dumping every batch, checkpoints at steps 0, 2, 4 and 5: killed with

@@ -5,11 +5,8 @@ own env with its own instruction and turn limit, and its metrics are its own."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +14,7 @@ import pytest
 
 from openmanus_rl_core.data.sources import SourceSampler
 from openmanus_rl_core.data.tasks import DataError
+from kills import kill_once_written
 
 BIN = Path(sys.executable).parent
 SOURCES = ["+env.kwargs.sources.key_door.train_tasks=12", "+env.kwargs.sources.key_door.val_tasks=4",
@@ -88,6 +86,7 @@ def test_rows_of_another_source_or_a_source_without_rows_are_refused():
     ("+env.kwargs.sources.dice={env: dice_roll}", "env.kwargs.sources.dice.env: env=dice_roll: no such option"),
     ("env.kwargs.sources.legs.kwargs.dataset=leg_countin",
      "env.kwargs.sources.legs.kwargs.dataset=leg_countin: not a Reasoning Gym dataset; did you mean leg_counting"),
+    ("+env.kwargs.sources.inner={env: mix}", "env.kwargs.sources.inner.env=mix: a source cannot be a mix itself"),
     ("+env.kwargs.sources.key_door.kwargs.colour=red",
      "env.kwargs.sources.key_door.kwargs.colour=red: unknown key of the env 'key_door'"),
 ])
@@ -169,15 +168,7 @@ def test_key_door_and_a_reasoning_gym_dataset_at_3_to_1_train_with_per_source_me
 def test_a_mix_killed_with_sigkill_resumes_with_an_unchanged_history(tmp_path, cli_env):
     full, killed = tmp_path / "full", tmp_path / "killed"
     subprocess.run(_cli(full), check=True, env=cli_env, capture_output=True, timeout=600)
-    proc = subprocess.Popen(_cli(killed), env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    marker = killed / "checkpoints" / "step_000002" / "COMPLETE"
-    deadline = time.time() + 600
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    kill_once_written(_cli(killed), killed / "checkpoints" / "step_000002" / "COMPLETE", cli_env)
     subprocess.run(_cli(killed, "trainer.resume=auto"), check=True, env=cli_env, capture_output=True, timeout=600)
     a, b = _records(full), _records(killed)
     assert [r["step"] for r in b] == [r["step"] for r in a] == [0, 1, 2, 3, 4]

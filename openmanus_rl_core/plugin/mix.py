@@ -58,8 +58,6 @@ def _check_source(name: str, spec: Any) -> None:
         raise ValueError(f"sources.{name}.ratio={ratio!r}: must be a positive number")
     if not isinstance(spec.get("kwargs") or {}, Mapping):
         raise ValueError(f"sources.{name}.kwargs={spec.get('kwargs')!r}: must be a mapping of the env's arguments")
-    if spec.get("env", name) == "mix":
-        raise ValueError(f"sources.{name}.env=mix: a source cannot be a mix itself")
 
 
 def resolve_sources(sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -69,6 +67,7 @@ def resolve_sources(sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
     from openmanus_rl_core.config import ConfigError
     from openmanus_rl_core.config.loading import compose
+    from openmanus_rl_core.plugin.registry import registry
 
     if not isinstance(sources, Mapping) or not sources:
         raise ConfigError(f"env.kwargs.sources={sources!r}: env=mix needs at least one source, e.g. "
@@ -87,6 +86,8 @@ def resolve_sources(sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             env = OmegaConf.to_container(compose([f"env={option}"]).env, resolve=True)
         except ConfigError as exc:
             raise ConfigError(f"env.kwargs.sources.{name}.env: {exc}") from None
+        if issubclass(registry("env").get(env["name"]), MixEnv):
+            raise ConfigError(f"env.kwargs.sources.{name}.env={option}: a source cannot be a mix itself")
         env["kwargs"] = OmegaConf.to_container(OmegaConf.merge(env.get("kwargs") or {}, spec.get("kwargs") or {}))
         env.update({k: spec[k] for k in _REPLACED if spec.get(k) is not None})
         out[str(name)] = {**env, "ratio": float(spec.get("ratio", 1))}

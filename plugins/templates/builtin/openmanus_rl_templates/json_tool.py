@@ -10,6 +10,7 @@ from openmanus_rl_core.protocols import ParsedAction
 
 from openmanus_rl_core.protocols import as_text
 from openmanus_rl_templates._common import invalid, system_prompt
+from openmanus_rl_templates.tool_calls import call_parts
 
 MAX_CANDIDATES = 64
 """How many ``{`` positions ``parse`` tries before giving up: bounds the work on adversarial text
@@ -71,17 +72,10 @@ class JsonToolTemplate:
 
     def _action(self, obj: dict[str, Any]) -> str | None:
         """The call's action, or None when the object is not a well-formed call of this tool."""
-        if obj.get("name") != self.tool_name:
+        parts = call_parts(obj)
+        if parts is None or parts[0] != self.tool_name:
             return None
-        args = obj.get("arguments", obj.get("parameters"))
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except (ValueError, RecursionError):
-                return None
-        if not isinstance(args, dict):
-            return None
-        value = args.get(self.arg_name)
+        value = parts[1].get(self.arg_name)
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             return None
         action = value if isinstance(value, str) else json.dumps(value)
