@@ -1,7 +1,7 @@
 """Test-only fault injection: an actor worker that poisons one step's update with NaN or dies once during it, and a
 trainer that runs with it. The production code reads no debug switch; tests swap these classes in.
 
-As a script it is ``openmanus-rl train`` with the faulty actor (the worker-crash test runs it as a subprocess)::
+As a script it is ``openmanus-rl train`` with the faulty actor::
 
     python tests/fault_injection.py --crash-step 3 env=key_door trainer.run_dir=/tmp/run ...
 """

@@ -3,10 +3,10 @@ per-sample budget of 1024 tokens and a chat template that drops earlier ``<think
 
     python tests/long_episode_run.py RUN_DIR [override ...]
 
-Run in its own process (a training run leaves Ray state behind). The summary holds each episode's turns,
-termination and truncation, the batch's rows and longest sample, the largest gap per turn sample between the
-engine's log-probs and the actor's recomputed ones, the step's metrics, and each actor worker's peak resident
-memory (``VmHWM`` of its process).
+tests/test_long_episodes.py calls :func:`main` in pytest's process, on the tests' shared Ray. The summary holds
+each episode's turns, termination and truncation, the batch's rows and longest sample, the largest gap per turn
+sample between the engine's log-probs and the actor's recomputed ones, the step's metrics, and each actor worker's
+peak resident memory (``VmHWM`` of its process).
 """
 
 from __future__ import annotations

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -21,22 +18,20 @@ def readme_python_block() -> str:
     return re.search(r"```python\n(.*?)```", text[text.index("From Python"):], re.S).group(1)
 
 
-def test_the_readme_example_trains_with_a_callable_reward_and_returns_the_metrics(tmp_path, cli_env):
-    """The README block runs as written; only its runs are made small (the tiny test model, 2 steps, a folder
-    of this test), by adding overrides in front of the call."""
+def test_the_readme_example_trains_with_a_callable_reward_and_returns_the_metrics(tmp_path, ray_local, monkeypatch):
+    """The README block runs as written, as a script of its own (``__main__``), in this process on the tests' shared
+    Ray; only its runs are made small (the tiny test model, 2 steps, a folder of this test), by adding overrides in
+    front of the call."""
+    import openmanus_rl_core.api as api
+
     run = tmp_path / "run"
     small = [*SMALL, "trainer.total_steps=2", f"trainer.run_dir={run}"]
-    prelude = textwrap.dedent(f"""
-        import openmanus_rl_core.api as api
-        _train = api.train
-        api.train = lambda overrides=None, **kw: _train([*(overrides or []), *{small!r}], **kw)
-    """)
-    epilogue = 'import json\nprint("RESULT " + json.dumps({"metrics": metrics, "eval": result}))\n'
-    script = prelude + readme_python_block() + epilogue
-    out = subprocess.run([sys.executable, "-c", script], env=cli_env, capture_output=True, text=True, timeout=600,
-                         cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    got = json.loads(out.stdout.split("RESULT ", 1)[1])
+    train = api.train
+    monkeypatch.setattr(api, "train", lambda overrides=None, **kw: train([*(overrides or []), *small], **kw))
+    monkeypatch.chdir(tmp_path)
+    script = {"__name__": "__main__"}
+    exec(compile(readme_python_block(), "README.md", "exec"), script)
+    got = json.loads(json.dumps({"metrics": script["metrics"], "eval": script["result"]}))  # as the script prints
     metrics = got["metrics"]
     assert metrics["run_dir"] == str(run)
     last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,6 @@ from openmanus_rl_core.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
-CLI = str(Path(sys.executable).parent / "openmanus-rl")
 PRESETS = sorted(set(re.findall(r"\+experiment=(\w+)", DOC.read_text())))
 
 
@@ -68,13 +65,12 @@ SHRUNK = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PRESETS)
-def test_every_listed_preset_runs_its_warm_up_and_two_rl_steps(name, cli_env, tmp_path):
+def test_every_listed_preset_runs_its_warm_up_and_two_rl_steps(name, ray_local, command_here, tmp_path):
     """The whole recipe, shrunk: validation untrained, the warm-up on the env's demonstrations, 2 GRPO steps, the
-    final validation and a checkpoint, on the preset's env exactly as it sets it. From the command line, in its
-    own process, as a user runs it (an in-process Ray would replace this process's ``print`` for later tests)."""
+    final validation and a checkpoint, on the preset's env exactly as it sets it. From the command line's words:
+    the console script's function (``cli.main``), in this process, on the tests' shared Ray."""
     run_dir = tmp_path / name
-    proc = subprocess.run([CLI, "train", f"+experiment={name}", *SHRUNK, f"trainer.run_dir={run_dir}"], env=cli_env,
-                          capture_output=True, text=True, timeout=600)
+    proc = command_here(["train", f"+experiment={name}", *SHRUNK, f"trainer.run_dir={run_dir}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     recs = read_metrics(run_dir)
     assert [r["step"] for r in recs if "train/reward_mean" in r] == [1, 2]

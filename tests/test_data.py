@@ -316,18 +316,13 @@ def test_a_damaged_string_page_names_file_column_and_row(tmp_path, column):
     assert err.value.__cause__ is None and err.value.__suppress_context__
 
 
-def test_an_empty_validation_set_is_an_error_naming_the_file(tmp_path, cli_env):
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def test_an_empty_validation_set_is_an_error_naming_the_file(tmp_path, command_here):
     train, val = tmp_path / "train.parquet", tmp_path / "val.parquet"
     write_tasks(train, [{"task_id": i, "seed": i} for i in range(4)])
     pq.write_table(pa.table({"task_id": pa.array([], pa.int64()), "seed": pa.array([], pa.int64())}), val)
     assert load_tasks(val) == []
-    cmd = [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_door", f"data.train_files={train}",
-           f"data.val_files={val}", f"trainer.run_dir={tmp_path / 'run'}", "trainer.val_freq=5"]
-    out = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=300)
+    out = command_here(["train", "env=key_door", f"data.train_files={train}", f"data.val_files={val}",
+                        f"trainer.run_dir={tmp_path / 'run'}", "trainer.val_freq=5"])
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert (f"error: {val}: no tasks (0 rows), but the run validates (trainer.val_freq=5 "
             f"trainer.val_before_train=True trainer.val_at_end=True); give validation tasks") in out.stderr

@@ -79,15 +79,17 @@ def test_the_fingerprint_tells_models_and_tokenizers_apart(tmp_path):
 
 # ----------------------------------------------------------------------------------------- a run, replayed
 @pytest.fixture(scope="module")
-def ppo_run(tmp_path_factory, cli_env) -> Path:
+def ppo_run(tmp_path_factory, cli_env, ray_local) -> Path:
     """A PPO run with its critic, 5 steps, dumping every batch, checkpoints at steps 0, 2, 4 and 5: killed with
-    kill -9 once step 3's dump is written, then resumed (from step 2: step 3 is trained and dumped again)."""
+    kill -9 once step 3's dump is written (a command of its own), then resumed (from step 2: step 3 is trained and
+    dumped again) by the same command's function, ``cli.main``, in this process on the tests' shared Ray."""
+    from openmanus_rl_core.cli import main
+
     run = tmp_path_factory.mktemp("dumps") / "run"
     cmd = [str(BIN / "openmanus-rl"), "train", *[o for o in SMALL if not o.startswith("trainer.save_freq=")],
            "trainer.save_freq=2", "trainer.max_checkpoints=null", "algorithm=ppo", f"trainer.run_dir={run}"]
     kill_once_written(cmd, run / "rollouts" / "step_000003.parquet", cli_env)
-    out = subprocess.run([*cmd, "trainer.resume=auto"], env=cli_env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert main([*cmd[1:], "trainer.resume=auto"]) == 0
     return run
 
 
@@ -109,13 +111,8 @@ def test_across_a_kill_each_task_is_trained_n_times_in_the_samplers_order_none_l
     assert not list((ppo_run / "rollouts").glob("dropped_*")) and not list((ppo_run / "rollouts").glob(".*tmp*"))
 
 
-def _replay(cli_env, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "openmanus-rl"), "replay", *args], env=cli_env, capture_output=True, text=True,
-                          timeout=600)
-
-
 @pytest.mark.slow
-def test_every_step_is_dumped_named_by_the_checkpoint_and_replays_to_the_runs_weights(ppo_run, cli_env):
+def test_every_step_is_dumped_named_by_the_checkpoint_and_replays_to_the_runs_weights(ppo_run, command_here):
     dumps = sorted(p.name for p in (ppo_run / "rollouts").iterdir())
     assert dumps == [f"step_00000{k}.parquet" for k in range(1, 6)]
     listed = json.loads((ppo_run / "checkpoints" / "step_000005" / "meta.json").read_text())["meta"]["rollouts"]
@@ -134,7 +131,7 @@ def test_every_step_is_dumped_named_by_the_checkpoint_and_replays_to_the_runs_we
                        for k in start["critic"]["model"])
     assert moved > 1e-4 and critic_moved > 1e-4  # the five updates changed both, so equal weights mean something
 
-    out = _replay(cli_env, f"trainer.checkpoint={ppo_run / 'checkpoints' / 'step_000000'}", "replay.steps=1..5")
+    out = command_here(["replay", f"trainer.checkpoint={ppo_run / 'checkpoints' / 'step_000000'}", "replay.steps=1..5"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert [ln.split(":")[0] for ln in lines if ln.startswith("step ")] == [f"step {k}" for k in range(1, 6)]

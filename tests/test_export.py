@@ -8,7 +8,6 @@ import copy
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -186,10 +185,9 @@ def test_model_check_names_the_problem(tmp_path):
         check_model(ModelConfig(path=str(folder)))
 
 
-def test_a_model_without_chat_template_stops_train_before_ray_with_one_line(tmp_path, cli_env):
+def test_a_model_without_chat_template_stops_train_before_ray_with_one_line(tmp_path, command_here):
     folder = save_tiny("llama", tmp_path / "m", chat_template=False)
-    proc = subprocess.run(["openmanus-rl", "train", f"model.path={folder}", f"trainer.run_dir={tmp_path / 'run'}"],
-                          env=cli_env, capture_output=True, text=True, timeout=300)
+    proc = command_here(["train", f"model.path={folder}", f"trainer.run_dir={tmp_path / 'run'}"])
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("error: model.path=") and "set model.chat_template" in lines[-1]

@@ -1,5 +1,7 @@
 """Training an agent of one's own through the gateway, from the command line: the README's agent trains, a missing
-program stops before anything starts, no agent outlives a kill -9 of the trainer, and `serve` answers the SDK."""
+program stops before anything starts, no agent outlives a kill -9 of the trainer, and `serve` answers the SDK. The
+training commands run ``cli.main`` in this process, on the tests' shared Ray; the kill -9 and `serve` need a
+process of their own."""
 
 from __future__ import annotations
 
@@ -31,11 +33,10 @@ def test_the_readme_shows_the_example_agent_as_it_is():
     assert block == (ROOT / "examples" / "key_door_agent.py").read_text()
 
 
-def test_the_readme_agent_trains_from_the_command_line(tmp_path, cli_env):
+def test_the_readme_agent_trains_from_the_command_line(tmp_path, ray_local, command_here):
     run = tmp_path / "run"
-    out = subprocess.run([CLI, "train", *SMALL, f"trainer.run_dir={run}", "trainer.total_steps=2",
-                          f"agent.command={AGENT}", "rollout.max_new_tokens=24"], env=cli_env, capture_output=True,
-                         text=True, timeout=600)
+    out = command_here(["train", *SMALL, f"trainer.run_dir={run}", "trainer.total_steps=2", f"agent.command={AGENT}",
+                        "rollout.max_new_tokens=24"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = _rows(run)
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -45,10 +46,9 @@ def test_the_readme_agent_trains_from_the_command_line(tmp_path, cli_env):
     assert "val/success_rate" in rows[-1] and (run / "checkpoints" / "step_000002").is_dir()
 
 
-def test_a_missing_agent_program_is_one_line_before_anything_starts(tmp_path, cli_env):
+def test_a_missing_agent_program_is_one_line_before_anything_starts(tmp_path, command_here):
     run = tmp_path / "run"
-    out = subprocess.run([CLI, "train", *SMALL, f"trainer.run_dir={run}", "agent.command=nosuch-agent --fast"],
-                         env=cli_env, capture_output=True, text=True, timeout=120)
+    out = command_here(["train", *SMALL, f"trainer.run_dir={run}", "agent.command=nosuch-agent --fast"])
     assert out.returncode == 2
     assert out.stderr.splitlines() == ["error: agent.command='nosuch-agent --fast': the program 'nosuch-agent' is "
                                        "not found on PATH; install it or give its path"]
@@ -124,15 +124,15 @@ def test_serve_answers_the_sdk_with_its_key_and_stops_on_sigterm(tmp_path, cli_e
             proc.kill()
 
 
-def test_the_stream_trains_a_function_agent_with_every_token_tagged_by_its_version(tmp_path, cli_env):
+def test_the_stream_trains_a_function_agent_with_every_token_tagged_by_its_version(tmp_path, ray_local, command_here,
+                                                                                   monkeypatch):
     """``rollout.max_staleness=2``: each rank's agents run without lockstep; every episode of a step is handed
     over whole, its staleness counted like the loop's."""
     run = tmp_path / "run"
-    env = dict(cli_env, PYTHONPATH=str(ROOT))
-    out = subprocess.run([CLI, "train", *SMALL, f"trainer.run_dir={run}", "trainer.total_steps=3",
-                          "agent.function=examples.key_door_agent:play", "rollout.max_staleness=2",
-                          "rollout.max_new_tokens=24", "trainer.val_freq=0"], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=ROOT)
+    monkeypatch.syspath_prepend(str(ROOT))  # the shared Ray puts the root on its workers' path too
+    out = command_here(["train", *SMALL, f"trainer.run_dir={run}", "trainer.total_steps=3",
+                        "agent.function=examples.key_door_agent:play", "rollout.max_staleness=2",
+                        "rollout.max_new_tokens=24", "trainer.val_freq=0"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = _rows(run)[1:]
     assert [r["step"] for r in rows] == [1, 2, 3]

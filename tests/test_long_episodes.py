@@ -4,22 +4,15 @@ two FSDP2 workers), with a chat template that drops earlier ``<think>`` blocks (
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
-
 
 @pytest.mark.slow
-def test_60_turn_relay_episodes_train_with_a_window_memory_and_exact_per_turn_log_probs(tmp_path, cli_env):
-    proc = subprocess.run([sys.executable, str(HERE / "long_episode_run.py"), str(tmp_path)], env=cli_env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    out = json.loads(line[len("RESULT "):])
+def test_60_turn_relay_episodes_train_with_a_window_memory_and_exact_per_turn_log_probs(tmp_path, ray_local):
+    from long_episode_run import main  # in this process, on the tests' shared Ray
+
+    out = json.loads(json.dumps(main(str(tmp_path), [])))  # the summary the script prints, as it prints it
     print(f"long episodes: {out['episodes']}, {out['rows']} turn samples, longest {out['longest_sample_tokens']} "
           f"tokens, worker peak RSS {out['worker_peak_rss_mb']} MiB, max log-prob gap "
           f"{max(out['max_logprob_gap_per_row']):.2e}")

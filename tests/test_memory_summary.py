@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -229,20 +226,20 @@ def test_a_writer_prompt_over_its_token_limit_keeps_its_end(relay):
 
 
 @pytest.mark.slow
-def test_training_with_the_policy_writing_its_summaries_runs_end_to_end(tmp_path, cli_env):
+def test_training_with_the_policy_writing_its_summaries_runs_end_to_end(tmp_path, ray_local, command_here):
     """Three GRPO steps on the relay (the tiny model from config): each step's rollout writes summaries within the
-    budget, and the update trains on the turn samples."""
+    budget, and the update trains on the turn samples. ``openmanus-rl train``'s function (cli.main), in this process
+    on the tests' shared Ray."""
     run = tmp_path / "run"
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=relay", "env.max_turns=12", "memory=summary",
+    proc = command_here(
+        ["train", "env=relay", "env.max_turns=12", "memory=summary",
          "memory.kwargs.writer=policy", "memory.kwargs.max_summary_tokens=16", "rollout.max_sample_tokens=1024",
          "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
          "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400", "data.train_batch_size=2", "algorithm.n=2",
          "env.train_tasks=8", "env.val_tasks=2", "rollout.max_new_tokens=12", "warmup.enabled=false",
          "trainer.total_steps=3", "trainer.num_workers=1", "trainer.num_cpus=2", "trainer.progress=false",
          "trainer.loggers=[]", "trainer.val_before_train=false", "trainer.val_at_end=false", "trainer.val_freq=0",
-         "trainer.save_freq=0", "trainer.save_at_end=false", f"trainer.run_dir={run}"],
-        env=cli_env, capture_output=True, text=True, timeout=600)
+         "trainer.save_freq=0", "trainer.save_at_end=false", f"trainer.run_dir={run}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in records] == [1, 2, 3]

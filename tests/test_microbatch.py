@@ -4,7 +4,6 @@ shows."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from openmanus_rl_core.workers.microbatch import plan_micro_batches, row_extents
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from uneven_update import flat_params, one_rank_worker, save_small_model, sgd_like_overrides, uneven_batch  # noqa: E402
+from uneven_update import main as uneven_update  # noqa: E402
 
 METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm")
 
@@ -180,10 +180,8 @@ def test_auto_sharding_replicates_a_model_that_fits_and_shards_one_that_does_not
 def test_the_sharding_choices_give_the_same_update_on_two_ranks(model_dir, tmp_path):
     """Two gloo ranks, the token-budget micro-batches (several per step, so gradients accumulate), one update, then
     the weight sync into each rank's engine."""
-    proc = subprocess.run([sys.executable, str(HERE / "uneven_update.py"), model_dir, str(tmp_path), "2",
-                           "full,grad_op,replicate", "actor.max_tokens_per_micro_batch=300"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    uneven_update([model_dir, str(tmp_path), "2", "full,grad_op,replicate", "actor.max_tokens_per_micro_batch=300"],
+                  timeout_s=300)  # two rank processes started from this one
     results = {name: torch.load(tmp_path / f"{name}.pt") for name in ("full", "grad_op", "replicate")}
     for name, result in results.items():
         assert result["sharding"].startswith(name)

@@ -151,9 +151,10 @@ def _cli(run_dir: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_key_door_and_a_reasoning_gym_dataset_at_3_to_1_train_with_per_source_metrics(tmp_path, cli_env):
+def test_key_door_and_a_reasoning_gym_dataset_at_3_to_1_train_with_per_source_metrics(tmp_path, ray_local,
+                                                                                      command_here):
     run = tmp_path / "run"
-    out = subprocess.run(_cli(run), env=cli_env, capture_output=True, text=True, timeout=600)
+    out = command_here(_cli(run)[1:])  # the command's function (cli.main), in this process on the tests' shared Ray
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     records = {r["step"]: r for r in _records(run)}
     for step in (1, 2, 3, 4):  # a batch of 4 tasks x n=2: 3 key_door tasks and 1 legs task every step

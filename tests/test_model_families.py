@@ -1,11 +1,12 @@
 """A Llama-style and a GPT-2-style model, built locally, each trained for 2 steps with and without LoRA through
-`openmanus-rl train`, exported with `openmanus-rl export`, and reloaded: the folder gives the checkpoint's
-log-probs, and `model.path=<folder>` is accepted by the model check (and, for one of them, evaluates)."""
+`openmanus-rl train`, exported with `openmanus-rl export` and evaluated with `openmanus-rl eval` (each the console
+script's function, ``cli.main``, in this process; train on the tests' shared Ray), and reloaded: the folder gives
+the checkpoint's log-probs, and `model.path=<folder>` is accepted by the model check (and, for one of them,
+evaluates)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def _log_probs(model, tokenizer) -> torch.Tensor:
     pytest.param("llama", False, marks=pytest.mark.long), pytest.param("llama", True, marks=pytest.mark.long),
     pytest.param("gpt2", False, marks=pytest.mark.long), ("gpt2", True),
 ])
-def test_train_two_steps_export_and_reload(tmp_path, cli_env, family, lora):
+def test_train_two_steps_export_and_reload(tmp_path, ray_local, command_here, family, lora):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from openmanus_rl_core.checkpoint.store import load_checkpoint
@@ -47,12 +48,11 @@ def test_train_two_steps_export_and_reload(tmp_path, cli_env, family, lora):
 
     folder = save_tiny(family, tmp_path / family)
     run_dir, out = tmp_path / "run", tmp_path / "exported"
-    train = subprocess.run(["openmanus-rl", "train", *RUN, *(LORA[family] if lora else []), f"model.path={folder}",
-                            f"trainer.run_dir={run_dir}"], env=cli_env, capture_output=True, text=True, timeout=600)
+    train = command_here(["train", *RUN, *(LORA[family] if lora else []), f"model.path={folder}",
+                          f"trainer.run_dir={run_dir}"])
     assert train.returncode == 0, train.stderr[-3000:]
     ckpt = run_dir / "checkpoints" / "step_000002"
-    export = subprocess.run(["openmanus-rl", "export", f"trainer.checkpoint={ckpt}", f"export.dir={out}"],
-                            env=cli_env, capture_output=True, text=True, timeout=300)
+    export = command_here(["export", f"trainer.checkpoint={ckpt}", f"export.dir={out}"])
     assert export.returncode == 0, export.stderr[-3000:]
 
     # The checkpoint's policy as PEFT runs it (adapters unmerged), independent of the export's merge.
@@ -73,8 +73,7 @@ def test_train_two_steps_export_and_reload(tmp_path, cli_env, family, lora):
     if (family, lora) != ("gpt2", False):  # one eval of an exported folder is enough: it loads as model.path does
         return
     result = tmp_path / "eval.json"
-    ev = subprocess.run(["openmanus-rl", "eval", "env=key_door", "env.val_tasks=4", "rollout.max_new_tokens=8",
-                         f"model.path={out}", f"trainer.eval_output={result}", f"trainer.run_dir={tmp_path / 'ev'}"],
-                        env=cli_env, capture_output=True, text=True, timeout=300)
+    ev = command_here(["eval", "env=key_door", "env.val_tasks=4", "rollout.max_new_tokens=8", f"model.path={out}",
+                       f"trainer.eval_output={result}", f"trainer.run_dir={tmp_path / 'ev'}"])
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert json.loads(result.read_text())["tasks"] == 4

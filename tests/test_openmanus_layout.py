@@ -5,7 +5,6 @@ by `openmanus-rl data verify`, and trained from with the warm-up on its conversa
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pyarrow as pa
@@ -73,18 +72,17 @@ def test_data_verify_replays_the_demonstrations_in_the_in_process_textcraft(file
 
 
 @pytest.mark.slow
-def test_training_from_the_file_warms_up_on_its_conversations(files, tmp_path, cli_env):
-    # The console script in a subprocess, as a user runs it: a Ray started inside pytest's process would outlive
-    # the test and break the Ray clusters later tests start.
+def test_training_from_the_file_warms_up_on_its_conversations(files, tmp_path, ray_local, command_here):
+    # The command's function (cli.main), in this process on the tests' shared Ray.
     run_dir = tmp_path / "run"
-    proc = subprocess.run(["openmanus-rl", "train", "env=textcraft", "template=agentgym", f"data.train_files={files[0]}",
-                   f"data.val_files={files[0]}", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
-                   "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
-                   "model.tiny.vocab_size=400", "data.train_batch_size=3", "algorithm.n=2", "env.max_turns=4",
-                   "rollout.max_new_tokens=8", "warmup.steps=2", "warmup.batch_size=4", "warmup.validate=false",
-                   "trainer.total_steps=1", "trainer.val_before_train=false", "trainer.progress=false",
-                   "trainer.loggers=[]", "trainer.num_cpus=2", "trainer.save_at_end=false",
-                   f"trainer.run_dir={run_dir}"], env=cli_env, capture_output=True, text=True, timeout=900)
+    proc = command_here(["train", "env=textcraft", "template=agentgym", f"data.train_files={files[0]}",
+                         f"data.val_files={files[0]}", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+                         "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
+                         "model.tiny.vocab_size=400", "data.train_batch_size=3", "algorithm.n=2", "env.max_turns=4",
+                         "rollout.max_new_tokens=8", "warmup.steps=2", "warmup.batch_size=4", "warmup.validate=false",
+                         "trainer.total_steps=1", "trainer.val_before_train=false", "trainer.progress=false",
+                         "trainer.loggers=[]", "trainer.num_cpus=2", "trainer.save_at_end=false",
+                         f"trainer.run_dir={run_dir}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, *rest = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert first["step"] == 0 and first["warmup/from_data"] == 3.0 and first["warmup/demonstrations"] == 3.0

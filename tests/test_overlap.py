@@ -4,7 +4,6 @@ batch returns; the settings it cannot work with are refused by name."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from test_stream import SimActor, _tasks  # noqa: E402
 from uneven_update import flat_params, one_rank_worker, save_small_model, uneven_batch  # noqa: E402
+from uneven_update import main as uneven_update  # noqa: E402
 
 METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm")
 CHUNKS = [range(0, 4), range(4, 12), range(12, 16)]  # uneven chunks of whole groups of 4
@@ -142,10 +142,8 @@ def test_two_ranks_chunked_make_the_one_rank_update_of_the_whole_batch(model_dir
     w = one_rank_worker(model_dir, dist_group)
     same = uneven_batch(len(w.tokenizer), pad=w.tokenizer.pad_token_id, group=4)  # uneven_update.py's batch
     whole, _ = _whole(model_dir, dist_group, same)
-    proc = subprocess.run([sys.executable, str(HERE / "uneven_update.py"), model_dir, str(tmp_path), "2",
-                           "replicate,full", "--group", "4", "--chunks", "0,4,12"], capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    uneven_update([model_dir, str(tmp_path), "2", "replicate,full", "--group", "4", "--chunks", "0,4,12"],
+                  timeout_s=600)  # two rank processes started from this one
     for choice in ("replicate", "full"):
         got = torch.load(tmp_path / f"{choice}.pt")
         assert float((got["delta"] - whole).abs().max()) < 1e-5, choice
@@ -205,19 +203,19 @@ def test_settings_the_overlapped_update_cannot_follow_are_refused_by_name(overri
 
 # ------------------------------------------------------------------------------------------------ a real run
 @pytest.mark.slow
-def test_a_run_with_the_overlapped_update_trains_one_step_per_batch(tmp_path, cli_env):
-    """``openmanus-rl train`` on key_door behind a latency env, the stream at eta=0 with the update overlapped:
-    every step trains its B groups, on-policy (staleness 0), with one optimizer step whose gradient came in
-    chunks while the batch still played."""
+def test_a_run_with_the_overlapped_update_trains_one_step_per_batch(tmp_path, ray_local, command_here):
+    """``openmanus-rl train`` (its function, cli.main, in this process on the tests' shared Ray) on key_door behind
+    a latency env, the stream at eta=0 with the update overlapped: every step trains its B groups, on-policy
+    (staleness 0), with one optimizer step whose gradient came in chunks while the batch still played."""
     import json
     import math
 
-    from test_trainer import _cli
+    from test_trainer import _overrides
 
     run = tmp_path / "run"
-    args = _cli(run, ["env=latency", "env.kwargs.median_ms=5", "rollout.max_staleness=0",
-                      "rollout.overlap_update=true", "trainer.total_steps=3", "trainer.save_freq=0"])
-    out = subprocess.run(args, env=cli_env, capture_output=True, text=True, timeout=600)
+    out = command_here(["train", *_overrides(run, ["env=latency", "env.kwargs.median_ms=5", "rollout.max_staleness=0",
+                                                   "rollout.overlap_update=true", "trainer.total_steps=3",
+                                                   "trainer.save_freq=0"])])
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if r["step"] >= 1]

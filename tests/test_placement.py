@@ -174,6 +174,16 @@ def _is_zombie(pid: int) -> bool:
         return False
 
 
+def _reread_ray_auth() -> None:
+    """This process's Ray reads RAY_AUTH_MODE again (its config and its token cache, as Ray does when it turns token
+    mode on): a local Ray that ran earlier in this process (another module's in-process runs) leaves token mode in
+    both, and this driver's actors would then never start on the cluster, which has none."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 @pytest.fixture(scope="module")
 def cluster():
     if ray.is_initialized():  # another test left a local Ray up in this process: we need a fresh driver
@@ -181,6 +191,7 @@ def cluster():
     c = TwoNodeCluster()
     old_auth = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"  # the driver must speak the cluster's (unauthenticated) protocol
+    _reread_ray_auth()
     try:
         ray.init(address=c.address, logging_level="warning", log_to_driver=False)
         c.wait_for_nodes(2)
@@ -193,6 +204,7 @@ def cluster():
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
             os.environ["RAY_AUTH_MODE"] = old_auth
+        _reread_ray_auth()
         left = c.leftover_pids()
         assert not left, f"processes of the test cluster still running: {left}"
 

@@ -1,13 +1,13 @@
 """Rewards given as Python callables belong to their run: the run records them by name, an eval or a resume takes
 them again, and one that is not given them is refused in one line naming them (or, with
-``reward.missing_callables=drop``, goes on without them and says so). Real runs of the tiny model, each in its own
-process."""
+``reward.missing_callables=drop``, goes on without them and says so). Real runs of the tiny model, in this process
+(on the tests' shared Ray): those given callables run a Python script as a script of its own (its callables live in
+its ``__main__``), the commands that are not given them run ``cli.main``."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 import textwrap
 from pathlib import Path
 
@@ -15,11 +15,12 @@ import pytest
 
 from test_resume_config import SMALL
 
-CLI = str(Path(sys.executable).parent / "openmanus-rl")
 RECORD = [{"label": "short", "weight": 0.1, "qualname": "short", "module": "__main__"}]
 
 
-def _python(body: str, cli_env: dict, cwd: Path) -> subprocess.CompletedProcess:
+def _python(body: str, cwd: Path) -> dict:
+    """A Python script, the callables below and then ``body``, run as a script of its own (``__main__``) in this
+    process, in the folder ``cwd``; its names when it ends."""
     script = textwrap.dedent("""
         import json, sys
         import openmanus_rl_core as omrl
@@ -30,25 +31,25 @@ def _python(body: str, cli_env: dict, cwd: Path) -> subprocess.CompletedProcess:
         def turns(trajectory):
             return float(trajectory.num_turns)
     """) + textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-c", script], env=cli_env, capture_output=True, text=True, timeout=600,
-                          cwd=cwd)
+    names, here = {"__name__": "__main__"}, os.getcwd()
+    os.chdir(cwd)
+    try:
+        exec(compile(script, "<script>", "exec"), names)
+    finally:
+        os.chdir(here)
+    return names
 
 
 @pytest.fixture(scope="module")
-def run_with_a_callable(tmp_path_factory, cli_env):
+def run_with_a_callable(tmp_path_factory, ray_local):
     """A 1-step run trained with ``rewards={"short": (short, 0.1)}``."""
     tmp = tmp_path_factory.mktemp("callable")
     run = tmp / "run"
-    out = _python(f"""
+    _python(f"""
         omrl.train({[*SMALL, "trainer.total_steps=1", f"trainer.run_dir={run}"]!r},
                    rewards={{"short": (short, 0.1)}})
-    """, cli_env, tmp)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    """, tmp)
     return run
-
-
-def _cli(args: list[str], cli_env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([CLI, *args], env=cli_env, capture_output=True, text=True, timeout=600)
 
 
 def test_the_run_records_its_callables_by_name(run_with_a_callable):
@@ -60,7 +61,7 @@ def test_the_run_records_its_callables_by_name(run_with_a_callable):
     assert meta["python_rewards"] == RECORD
 
 
-def test_a_command_line_eval_or_resume_without_them_is_refused_in_one_line(run_with_a_callable, cli_env):
+def test_a_command_line_eval_or_resume_without_them_is_refused_in_one_line(run_with_a_callable, command_here):
     run = run_with_a_callable
     before = sorted(p.name for p in run.iterdir())
     ckpt = run / "checkpoints" / "step_000001"
@@ -70,7 +71,7 @@ def test_a_command_line_eval_or_resume_without_them_is_refused_in_one_line(run_w
             (["eval", f"trainer.checkpoint={run}"], f"eval of {ckpt}", "eval"),
             (["train", f"trainer.run_dir={run}", "trainer.resume=auto", "trainer.total_steps=2"],
              f"the resume of {run}", "resume")):
-        out = _cli(args, cli_env)
+        out = command_here(args)
         assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
         assert out.stderr.splitlines() == [
             f"error: {what}: the run had reward(s) given as Python callables that were not given again: 'short' "
@@ -78,11 +79,11 @@ def test_a_command_line_eval_or_resume_without_them_is_refused_in_one_line(run_w
     assert sorted(p.name for p in run.iterdir()) == before and not (run / "config_history.jsonl").exists()
 
 
-def test_drop_scores_without_them_and_says_so(run_with_a_callable, cli_env, tmp_path):
+def test_drop_scores_without_them_and_says_so(run_with_a_callable, command_here, tmp_path):
     run = run_with_a_callable
     result = tmp_path / "eval.json"
-    out = _cli(["eval", f"trainer.checkpoint={run}", "reward.missing_callables=drop",
-                f"trainer.eval_output={result}"], cli_env)
+    out = command_here(["eval", f"trainer.checkpoint={run}", "reward.missing_callables=drop",
+                        f"trainer.eval_output={result}"])
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert (f"reward.missing_callables=drop: eval of {run / 'checkpoints' / 'step_000001'} goes on without the "
             f"run's callable reward(s) 'short' (__main__.short)") in out.stdout
@@ -91,7 +92,7 @@ def test_drop_scores_without_them_and_says_so(run_with_a_callable, cli_env, tmp_
     assert "reward/goal/mean" in scored and "reward/short/mean" not in scored
 
 
-def test_eval_and_resume_from_python_take_them_again(run_with_a_callable, cli_env, tmp_path):
+def test_eval_and_resume_from_python_take_them_again(run_with_a_callable, tmp_path):
     """Given again, eval scores them, and a resume goes on with them; a resume that adds one records the change in
     the run's config history (config.json stays the record of the first steps)."""
     import shutil
@@ -103,10 +104,8 @@ def test_eval_and_resume_from_python_take_them_again(run_with_a_callable, cli_en
         result = omrl.evaluate(["trainer.checkpoint={run}"], rewards={{"short": (short, 0.1)}})
         metrics = omrl.train(["trainer.run_dir={run}", "trainer.resume=auto", "trainer.total_steps=2"],
                              rewards={{"short": (short, 0.1), "turns": (turns, 0.5)}})
-        print("RESULT " + json.dumps({{"eval": result, "train": metrics}}))
-    """, cli_env, tmp_path)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    got = json.loads(out.stdout.split("RESULT ", 1)[1])
+    """, tmp_path)
+    got = json.loads(json.dumps({"eval": out["result"], "train": out["metrics"]}))  # as the script would print them
     assert 0 < got["eval"]["reward/short/mean"] <= 0.1 * 0.5
     assert got["train"]["train/reward/short/mean"] > 0 and got["train"]["train/reward/turns/mean"] >= 0.5
     assert (run / "config.json").read_bytes() == record

@@ -1,12 +1,13 @@
-"""The README's "From a run to a Hugging Face folder" commands, run exactly as written (console script, fresh
-folder): train -> eval -> export -> rollout of the exported folder."""
+"""The README's "From a run to a Hugging Face folder" commands, run exactly as written (fresh folder): train ->
+eval -> export -> rollout of the exported folder. Each runs the console script's function (``cli.main``) with the
+command's words, in this process (in the fresh folder, train on the tests' shared Ray), so none imports torch and
+transformers and starts a Ray node again."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,14 +24,14 @@ def readme_commands(section: str) -> list[list[str]]:
 
 
 @pytest.mark.slow
-def test_the_readme_walk_from_training_to_an_exported_folder(tmp_path, cli_env):
+def test_the_readme_walk_from_training_to_an_exported_folder(tmp_path, ray_local, command_here, monkeypatch):
     commands = readme_commands("From a run to a Hugging Face folder")
     assert [c[:2] for c in commands] == [["openmanus-rl", "train"], ["openmanus-rl", "eval"],
                                          ["openmanus-rl", "export"], ["openmanus-rl", "rollout"]]
     out = {}
+    monkeypatch.chdir(tmp_path)
     for cmd in commands:
-        proc = subprocess.run([*cmd, "trainer.progress=false"] if cmd[1] == "train" else cmd, cwd=tmp_path,
-                              env=cli_env, capture_output=True, text=True, timeout=900)
+        proc = command_here([*cmd[1:], "trainer.progress=false"] if cmd[1] == "train" else cmd[1:])
         assert proc.returncode == 0, f"{shlex.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         out[cmd[1]] = proc.stdout
     run = tmp_path / "outputs" / "quickstart"

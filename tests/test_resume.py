@@ -1,14 +1,13 @@
 """Resuming never destroys history: what `trainer.resume` does with a run directory that already holds a run.
 
-These stop (or decide) before any model or Ray starts, so they run in seconds; the fall-back of a real resume to
-the previous checkpoint is in test_trainer.py (it needs a trained run)."""
+These stop (or decide) before any model or Ray starts, so they run in seconds (the commands run ``cli.main`` in this
+process); the fall-back of a real resume to the previous checkpoint is in test_trainer.py (it needs a trained
+run)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,11 @@ import torch
 
 from openmanus_rl_core.checkpoint.store import save_checkpoint
 
-TRAIN = [str(Path(sys.executable).parent / "openmanus-rl"), "train", "env=key_door", "trainer.total_steps=1",
-         "trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=1", "trainer.num_workers=1",
-         "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-         "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
-         "data.train_batch_size=2", "algorithm.n=2", "env.train_tasks=4", "env.val_tasks=2", "warmup.steps=1",
-         "rollout.max_new_tokens=4"]
+TRAIN = ["train", "env=key_door", "trainer.total_steps=1", "trainer.progress=false", "trainer.loggers=[]",
+         "trainer.num_cpus=1", "trainer.num_workers=1", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+         "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
+         "model.tiny.vocab_size=400", "data.train_batch_size=2", "algorithm.n=2", "env.train_tasks=4",
+         "env.val_tasks=2", "warmup.steps=1", "rollout.max_new_tokens=4"]
 
 
 def _earlier_run(run_dir: Path) -> dict[str, bytes]:
@@ -30,7 +28,7 @@ def _earlier_run(run_dir: Path) -> dict[str, bytes]:
     from openmanus_rl_core.config.loading import load
 
     run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(load(TRAIN[2:])), default=str))
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(load(TRAIN[1:])), default=str))
     for step in (2, 4):
         save_checkpoint(run_dir, step, {"model": {"w": torch.full((4,), float(step))}, "trainer": {"step": step}})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "train/reward_mean": s / 10}) + "\n"
@@ -48,14 +46,13 @@ def _damage(path: Path) -> None:
     path.write_bytes(bytes(raw))
 
 
-def test_auto_resume_with_every_checkpoint_damaged_stops_and_lists_each(tmp_path, cli_env):
+def test_auto_resume_with_every_checkpoint_damaged_stops_and_lists_each(tmp_path, command_here):
     run_dir = tmp_path / "run"
     _earlier_run(run_dir)
     _damage(run_dir / "checkpoints" / "step_000004" / "model.pt")
     (run_dir / "checkpoints" / "step_000002" / "trainer.pt").write_bytes(b"truncated")
     before = _files(run_dir)
-    out = subprocess.run([*TRAIN, f"trainer.run_dir={run_dir}", "trainer.resume=auto"], env=cli_env,
-                         capture_output=True, text=True, timeout=600)
+    out = command_here([*TRAIN, f"trainer.run_dir={run_dir}", "trainer.resume=auto"])
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     err = out.stderr
     assert f"error: trainer.resume=auto: none of the 2 checkpoint(s) in {run_dir / 'checkpoints'} can be used:" in err
@@ -68,11 +65,10 @@ def test_auto_resume_with_every_checkpoint_damaged_stops_and_lists_each(tmp_path
     assert after == before  # every checkpoint file, metrics.jsonl, config.json
 
 
-def test_a_fresh_start_over_an_earlier_run_needs_an_explicit_choice(tmp_path, cli_env):
+def test_a_fresh_start_over_an_earlier_run_needs_an_explicit_choice(tmp_path, command_here):
     run_dir = tmp_path / "run"
     before = _earlier_run(run_dir)
-    out = subprocess.run([*TRAIN, f"trainer.run_dir={run_dir}"], env=cli_env, capture_output=True, text=True,
-                         timeout=600)
+    out = command_here([*TRAIN, f"trainer.run_dir={run_dir}"])
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert (f"error: trainer.run_dir={run_dir} already holds a run (checkpoints step_000002, step_000004; "
             f"metrics.jsonl with steps 0..4; config.json) and trainer.resume is not set. Continue it with trainer.resume=auto. "
@@ -119,7 +115,7 @@ def test_auto_without_a_checkpoint_starts_the_run_again_and_keeps_its_record(tmp
                        f"starting again: the earlier metrics.jsonl moved to {moved[0]}"]
 
 
-def test_a_run_folder_without_its_record_is_refused(tmp_path, cli_env):
+def test_a_run_folder_without_its_record_is_refused(tmp_path, command_here):
     """A folder with a run's checkpoints but no config.json: nothing says what experiment it was, so neither auto
     nor a checkpoint path resumes it under this version's defaults."""
     run_dir = tmp_path / "run"
@@ -127,8 +123,7 @@ def test_a_run_folder_without_its_record_is_refused(tmp_path, cli_env):
     (run_dir / "config.json").unlink()
     before = _files(run_dir)
     for resume in ("auto", str(run_dir / "checkpoints" / "step_000004")):
-        out = subprocess.run([*TRAIN, f"trainer.run_dir={run_dir}", f"trainer.resume={resume}"], env=cli_env,
-                             capture_output=True, text=True, timeout=600)
+        out = command_here([*TRAIN, f"trainer.run_dir={run_dir}", f"trainer.resume={resume}"])
         assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
         assert out.stderr.splitlines() == [
             f"error: trainer.resume={resume}: {run_dir} holds a run's checkpoints or metrics but no config.json, so "

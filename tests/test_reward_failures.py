@@ -4,18 +4,12 @@ the count."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
 from openmanus_rl_core.rewards.failures import RewardFailure, check_reward_failures
 from openmanus_rl_core.rewards.composer import ComponentSpec, RewardComposer
 from test_resume_config import SMALL
-
-CLI = str(Path(sys.executable).parent / "openmanus-rl")
 
 
 class OddTasksFail:
@@ -67,13 +61,13 @@ def test_a_failure_on_every_sample_raises_naming_the_component_and_one_trajector
                      "division by zero"]
 
 
-def test_a_reward_that_raises_on_every_sample_stops_the_run_in_its_first_step(tmp_path, cli_env):
+def test_a_reward_that_raises_on_every_sample_stops_the_run_in_its_first_step(tmp_path, ray_local, command_here):
+    """``openmanus-rl train`` (its function, ``cli.main``, in this process on the tests' shared Ray)."""
     score = tmp_path / "score.py"
     score.write_text("def compute_score(solution_str, ground_truth, **kwargs):\n    return 1 / 0\n")
     run = tmp_path / "run"
-    out = subprocess.run([CLI, "train", *SMALL, f"trainer.run_dir={run}", "trainer.total_steps=3",
-                          f"+reward.components.broken.path={score}"], env=cli_env, capture_output=True, text=True,
-                         timeout=600)
+    out = command_here(["train", *SMALL, f"trainer.run_dir={run}", "trainer.total_steps=3",
+                        f"+reward.components.broken.path={score}"])
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(

@@ -4,7 +4,6 @@ in which rows share which prompt shows."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from openmanus_rl_core.models.shared_prompt import shared_prefixes
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from uneven_update import flat_params, one_rank_worker, save_small_model, start_alike, uneven_batch  # noqa: E402
+from uneven_update import main as uneven_update  # noqa: E402
 
 METRICS = ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm")
 
@@ -146,9 +146,7 @@ def test_the_sharding_choices_with_shared_prompts_equal_the_rows_run_one_by_one(
     def launch(name: str, *extra: str) -> dict:
         out = tmp_path / name
         out.mkdir()
-        proc = subprocess.run([sys.executable, str(HERE / "uneven_update.py"), model_dir, str(out), "2",
-                               "full,replicate", *rows, *extra], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        uneven_update([model_dir, str(out), "2", "full,replicate", *rows, *extra], timeout_s=300)  # two ranks
         return {choice: torch.load(out / f"{choice}.pt") for choice in ("full", "replicate")}
 
     reference = launch("alone", "actor.share_prompts=false")["full"]

@@ -1,7 +1,8 @@
 """SIGTERM mid-run (a preempted job): the step in progress ends or is abandoned (a rollout waiting on slow envs), a
 checkpoint keeps every step completed, the command says how to continue and exits within trainer.stop_grace_s with
 143; the resume reaches the end with every metric row logged before the signal unchanged. A real ``openmanus-rl
-train`` subprocess and a real signal."""
+train`` subprocess and a real signal; the command that continues it runs in this process (``cli.main``, on the
+tests' shared Ray)."""
 
 from __future__ import annotations
 
@@ -121,7 +122,8 @@ def _continue_command(text: str) -> list[str]:
 OWN = [a for a in SMALL if a != "env=key_door"] + ["env=word_copy", "trainer.total_steps=1", "trainer.val_freq=0"]
 
 
-def test_sigterm_in_the_warm_up_then_the_printed_command_continues_the_same_run(tmp_path, cli_env):
+def test_sigterm_in_the_warm_up_then_the_printed_command_continues_the_same_run(tmp_path, cli_env, ray_local,
+                                                                                command_here):
     run = tmp_path / "run"
     status, seconds, text = _signal_when([CLI, "train", *OWN, f"trainer.run_dir={run}", "warmup.steps=300"],
                                          "warm-up step 1/", signal.SIGTERM, tmp_path / "out.txt", cli_env)
@@ -132,7 +134,7 @@ def test_sigterm_in_the_warm_up_then_the_printed_command_continues_the_same_run(
     record = (run / "config.json").read_bytes()
     command = _continue_command(text)
     assert command == ["openmanus-rl", "train", f"trainer.run_dir={run}", "trainer.resume=auto"]
-    out = subprocess.run(command, env=cli_env, capture_output=True, text=True, timeout=600)
+    out = command_here(command[1:])  # the console script's main, in this process
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"trainer.resume=auto: {run} holds no checkpoint; the run starts again from its beginning" in out.stdout
     assert "changed on resume" not in out.stdout and "built the tiny model" not in out.stdout  # the same folder
@@ -151,7 +153,8 @@ def torch_load_meta(path: Path) -> dict:
 
 @pytest.mark.parametrize("signum,printed", [(signal.SIGINT, "recipe model="),
                                             (signal.SIGTERM, "built the tiny model")])
-def test_a_stop_while_the_model_or_the_workers_are_built_prints_how_to_continue(tmp_path, cli_env, signum, printed):
+def test_a_stop_while_the_model_or_the_workers_are_built_prints_how_to_continue(tmp_path, cli_env, command_here,
+                                                                                signum, printed):
     """Ctrl-C while the model folder is built (a corpus of 4000 oracle episodes), SIGTERM while Ray and the workers
     start: the same one line and exit status as a stop in the step loop, no traceback, and the printed command
     composes this run's own settings."""
@@ -164,8 +167,9 @@ def test_a_stop_while_the_model_or_the_workers_are_built_prints_how_to_continue(
     assert stopped == [f"stopped by {signal.Signals(signum).name} after {stopped[0].split(' after ')[1]}"]
     assert "no step completed; continue with: openmanus-rl train" in stopped[0]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
-    composed = subprocess.run([*_continue_command(text), "--cfg", "job"], env=cli_env, capture_output=True,
-                              text=True, timeout=120)
+    command = _continue_command(text)
+    assert command[:2] == ["openmanus-rl", "train"]
+    composed = command_here([*command[1:], "--cfg", "job"])
     cfg = yaml.safe_load(composed.stdout)
     assert cfg["env"]["name"] == "word_copy" and cfg["env"]["train_tasks"] == 4000
     assert cfg["trainer"]["total_steps"] == 1
@@ -231,7 +235,8 @@ SLOW_ENV = [a for a in SMALL if a != "env=key_door"] + [
 
 
 @pytest.mark.slow
-def test_sigterm_during_a_slow_rollout_abandons_the_step_and_keeps_the_completed_ones(tmp_path, cli_env):
+def test_sigterm_during_a_slow_rollout_abandons_the_step_and_keeps_the_completed_ones(tmp_path, cli_env, ray_local,
+                                                                                      command_here):
     """Every env step waits 2.5 s: the signal comes 0.5 s into step 3's env calls. The step is given up (not the 2 s
     more it needed), the checkpoint is step 2's, no row of step 3 exists, and the resume plays steps 3 and 4."""
     run = tmp_path / "run"
@@ -250,9 +255,8 @@ def test_sigterm_during_a_slow_rollout_abandons_the_step_and_keeps_the_completed
     for noise in ("Traceback", "GCS", "Unhandled error", "TaskCancelledError"):
         assert noise not in stderr, stderr[-3000:]
 
-    out = subprocess.run([CLI, "train", *SLOW_ENV, f"trainer.run_dir={run}", "trainer.resume=auto",
-                          "trainer.total_steps=4", "trainer.save_freq=0", "trainer.val_freq=0",
-                          "trainer.val_before_train=false"], env=cli_env, capture_output=True, text=True, timeout=600)
+    out = command_here(["train", *SLOW_ENV, f"trainer.run_dir={run}", "trainer.resume=auto", "trainer.total_steps=4",
+                        "trainer.save_freq=0", "trainer.val_freq=0", "trainer.val_before_train=false"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     after = _rows(run)
     assert after[:len(rows)] == rows

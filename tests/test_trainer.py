@@ -33,18 +33,6 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    """One local Ray instance for the in-process runs of this module (train() reuses a running one)."""
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
-    yield
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def grpo_run(ray_local, tmp_path_factory):
     """GRPO on key_door for 3 steps, with NaN advantages (so a NaN loss) injected into the actor update at step 2."""
     from fault_injection import faulty_trainer, fit
@@ -395,16 +383,23 @@ def test_the_group_stream_at_eta_2_trains_nothing_staler_than_2(ray_local, tmp_p
 
 
 # ---------------------------------------------------------------------------------------------- kill -9
-def _cli(run_dir: Path, extra: list[str], command: tuple[str, ...] | None = None) -> list[str]:
-    """``openmanus-rl train`` (or ``command``, which takes the same overrides) for the kill / crash runs."""
-    command = command or (str(Path(sys.executable).parent / "openmanus-rl"), "train")
-    return [*command, "env=key_door", *SMALL, "trainer.total_steps=5", "trainer.save_freq=2", "trainer.val_freq=0",
-            "seed=11", f"trainer.run_dir={run_dir}", *extra]
+def _overrides(run_dir: Path, extra: list[str]) -> list[str]:
+    """The overrides of the kill / crash runs: 5 steps, checkpoints at 2 and 4."""
+    return ["env=key_door", *SMALL, "trainer.total_steps=5", "trainer.save_freq=2", "trainer.val_freq=0", "seed=11",
+            f"trainer.run_dir={run_dir}", *extra]
 
 
-def _crashing(step: int) -> tuple[str, ...]:
-    """The train command with an actor whose last rank exits once during step ``step``'s update."""
-    return sys.executable, str(Path(__file__).parent / "fault_injection.py"), "--crash-step", str(step)
+def _cli(run_dir: Path, extra: list[str]) -> list[str]:
+    """``openmanus-rl train`` for the kill / crash runs."""
+    return [str(Path(sys.executable).parent / "openmanus-rl"), "train", *_overrides(run_dir, extra)]
+
+
+def _train_here(run_dir: Path, extra: list[str]) -> None:
+    """``openmanus-rl train`` of the kill / crash runs in this process, on the tests' shared Ray: the command's own
+    code path (cli.main) without the start-up of a second process and its Ray node."""
+    from openmanus_rl_core.cli import main as cli_main
+
+    assert cli_main(["train", *_overrides(run_dir, extra)]) == 0
 
 
 def _comparable(rec: dict) -> dict:
@@ -428,11 +423,11 @@ def _assert_same_metrics(a: list[dict], b: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, cli_env) -> Path:
-    """The reference run of the kill / crash tests: 5 steps, checkpoints at 2 and 4, never interrupted."""
+def uninterrupted(ray_local, tmp_path_factory) -> Path:
+    """The reference run of the kill / crash tests: 5 steps, checkpoints at 2 and 4, never interrupted (in this
+    process: the killed run, a command of its own, logs the same values)."""
     full = tmp_path_factory.mktemp("uninterrupted") / "full"
-    subprocess.run(_cli(full, []), check=True, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=600)
+    _train_here(full, [])
     return full
 
 
@@ -457,15 +452,14 @@ def test_a_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_
     last_logged = max(r["step"] for r in _records(killed))
     assert last_logged < 5
 
-    subprocess.run(_cli(killed, ["trainer.resume=auto"]), check=True, env=cli_env, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=600)
+    _train_here(killed, ["trainer.resume=auto"])  # in this process: all it reads is what kill -9 left on disk
     a, b = _records(full), _records(killed)
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4, 5]  # no step twice, none missing
     _assert_same_metrics(a, b)
 
 
 @pytest.mark.slow
-def test_auto_resume_falls_back_from_a_refused_newest_checkpoint(tmp_path, cli_env, uninterrupted):
+def test_auto_resume_falls_back_from_a_refused_newest_checkpoint(tmp_path, capfd, uninterrupted):
     """The newest checkpoint (step 4) holds a pickle that runs code, with a manifest rewritten to match: the load
     refuses it, the run resumes from step 2 with a warning, and metrics.jsonl, cut back to step 2, ends equal to the
     uninterrupted run's."""
@@ -489,10 +483,10 @@ def test_auto_resume_falls_back_from_a_refused_newest_checkpoint(tmp_path, cli_e
     manifest["files"]["optimizer.pt"] = {"size": (step4 / "optimizer.pt").stat().st_size,
                                          "sha256": _sha256(step4 / "optimizer.pt")}
     (step4 / "COMPLETE").write_text(json.dumps(manifest))
-    out = subprocess.run(_cli(resumed, ["trainer.resume=auto"]), env=cli_env, capture_output=True, text=True,
-                         timeout=600)
-    printed = out.stdout + out.stderr
-    assert out.returncode == 0, printed[-3000:]
+    capfd.readouterr()
+    _train_here(resumed, ["trainer.resume=auto"])
+    out = capfd.readouterr()
+    printed = out.out + out.err
     assert ("WARNING: checkpoint of step 4 refused, trying the one before: "
             f"{step4 / 'optimizer.pt'}: refused by torch.load(weights_only=True): it asks for the Python object "
             "`posix.system`") in printed
@@ -505,29 +499,35 @@ def test_auto_resume_falls_back_from_a_refused_newest_checkpoint(tmp_path, cli_e
 
 
 @pytest.mark.slow
-def test_a_worker_that_dies_mid_step_is_restarted_from_the_checkpoint(tmp_path, cli_env, uninterrupted):
+def test_a_worker_that_dies_mid_step_is_restarted_from_the_checkpoint(tmp_path, capfd, uninterrupted):
     """An actor rank exits during step 3's update (after step 2's checkpoint): the trainer starts new workers, goes
-    back to step 2's checkpoint, and finishes; every step is logged once, with an uninterrupted run's values."""
-    full, crashed = uninterrupted, tmp_path / "crashed"
-    from fault_injection import CRASH_MARKER
+    back to step 2's checkpoint, and finishes; every step is logged once, with an uninterrupted run's values. The
+    runs fit in this process (the rank that exits is a Ray worker process of its own either way)."""
+    from fault_injection import CRASH_MARKER, faulty_trainer, fit
 
-    proc = subprocess.run(_cli(crashed, ["trainer.max_worker_restarts=1"], _crashing(3)),
-                          env=cli_env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
+    from openmanus_rl_core.distributed.worker_group import WorkerGroupError
+
+    full, crashed = uninterrupted, tmp_path / "crashed"
+    capfd.readouterr()
+    final = fit(faulty_trainer(crash_step=3, run_dir=str(crashed)),
+                compose(_overrides(crashed, ["trainer.max_worker_restarts=1"])))
+    out = capfd.readouterr()
+    out = out.out + out.err
     assert (crashed / CRASH_MARKER).exists()  # the crash did happen
     assert "actor rank 1 failed in update" in out and "restarting the workers (1/1)" in out
+    assert final["train/worker_restarts"] == 1.0
     a, b = _records(full), _records(crashed)
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4, 5]  # no step twice, none missing
     _assert_same_metrics(a, b)
 
     # Without restarts allowed the failure ends the run with the error naming rank and method.
     again = tmp_path / "no_restart"
-    proc = subprocess.run(_cli(again, ["trainer.max_worker_restarts=0"], _crashing(3)),
-                          env=cli_env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode != 0
-    assert "WorkerGroupError" in proc.stderr and "actor rank 1 failed in update" in proc.stderr
-    assert "trainer.max_worker_restarts=0 used up" in proc.stdout + proc.stderr
+    with pytest.raises(WorkerGroupError, match="actor rank 1 failed in update"):
+        fit(faulty_trainer(crash_step=3, run_dir=str(again)),
+            compose(_overrides(again, ["trainer.max_worker_restarts=0"])))
+    out = capfd.readouterr()
+    assert "trainer.max_worker_restarts=0 used up" in out.out + out.err
+    assert max(r["step"] for r in _records(again)) == 2  # nothing logged of the failed step
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "gigpo", "ppo"])

@@ -133,8 +133,12 @@ def _rank(rank: int, world: int, model_dir: str, out: str, ports: list[int], cho
         w.shutdown()
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], timeout_s: float = 300.0) -> None:
+    """The launch above (``argv`` as on the command line): the ranks are processes of their own, started by this
+    one (the tests call it in pytest's process); a rank that fails raises here, with its traceback, and ranks still
+    running after ``timeout_s`` are killed and raise TimeoutError."""
     import socket
+    import time
 
     import torch.multiprocessing as mp
 
@@ -157,8 +161,18 @@ def main(argv: list[str]) -> None:
         s.close()
     for port in ports:  # a killed run's rendezvous file for the same port would hang the group
         local_store_path(port).unlink(missing_ok=True)
-    mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides, group, turns, chunks), nprocs=int(world),
-             join=True)
+    ranks = mp.spawn(_rank, args=(int(world), model_dir, out, ports, choices, overrides, group, turns, chunks),
+                     nprocs=int(world), join=False)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ranks.join(timeout=1.0):  # raises as soon as a rank fails
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"uneven_update: the ranks did not end within {timeout_s:.0f}s")
+    finally:
+        for p in ranks.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +20,6 @@ from openmanus_rl_env_verifiers import spec
 from openmanus_rl_env_verifiers.agent import VerifiersEpisodeError, play
 from openmanus_rl_env_verifiers.env import VerifiersEnv
 
-CLI = str(Path(sys.executable).parent / "openmanus-rl")
 SMALL = ["trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=1", "trainer.num_workers=1",
          "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
          "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400", "data.train_batch_size=2", "algorithm.n=2",
@@ -86,7 +83,7 @@ __all__ = ["ExactTaskset"]
 
 @pytest.fixture(scope="module")
 def envs_dir(tmp_path_factory):
-    """A folder holding the two environments' modules, importable here (and by the CLI, through PYTHONPATH)."""
+    """A folder holding the two environments' modules, importable here (and by the workers of ray_with_the_envs)."""
     folder = tmp_path_factory.mktemp("vf_envs")
     (folder / "omrl_vf_quarter.py").write_text(QUARTER)
     (folder / "omrl_vf_exact.py").write_text(EXACT)
@@ -123,10 +120,17 @@ def test_bad_settings_are_one_line(envs_dir):
         VerifiersEnv.Kwargs(id="omrl_vf_quarter", max_tasks=0)
 
 
-def test_bad_id_stops_the_command_in_one_line(envs_dir, tmp_path):
+def test_bad_id_stops_the_command_in_one_line(envs_dir, tmp_path, capfd):
+    from types import SimpleNamespace
+
+    from openmanus_rl_core.cli import main
+
     run = tmp_path / "run"
-    out = subprocess.run([CLI, "train", "env=verifiers", "reward=verifiers", "env.kwargs.id=no_such_verifiers_env",
-                          f"trainer.run_dir={run}"], capture_output=True, text=True, timeout=300)
+    capfd.readouterr()
+    code = main(["train", "env=verifiers", "reward=verifiers", "env.kwargs.id=no_such_verifiers_env",
+                 f"trainer.run_dir={run}"])  # the command's function, in this process
+    printed = capfd.readouterr()
+    out = SimpleNamespace(returncode=code, stdout=printed.out, stderr=printed.err)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert out.stderr.strip().splitlines() == [
         "error: env.kwargs.id=no_such_verifiers_env: not a verifiers environment: no module 'no_such_verifiers_env' "
@@ -189,15 +193,50 @@ def test_play_runs_one_verifiers_episode_per_call(envs_dir):
         asyncio.run(play(openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k"), {"task_id": 0}, "m"))
 
 
-def test_train_three_steps_from_the_cli_scores_the_verifiers_reward(envs_dir, tmp_path):
+@pytest.fixture(scope="module")
+def ray_with_the_envs(envs_dir):
+    """A local Ray, as a run starts its own, whose workers import the environments' modules: Ray puts the folder it
+    starts in on its workers' ``sys.path``, as PYTHONPATH does for a command's own Ray. The process is left as it was
+    found (as tests/conftest.py's ``process_state_kept`` leaves it: environment, SIGTERM handler, ``print``, torch's
+    thread count, Ray's cached token-auth mode)."""
+    import builtins
+    import signal
+
+    import ray
+    import torch
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    from openmanus_rl_core.distributed.ray_node import start_ray
+
+    assert not ray.is_initialized(), "another test left a Ray up in this process"
+    env, sigterm, printer, here = dict(os.environ), signal.getsignal(signal.SIGTERM), builtins.print, os.getcwd()
+    threads = torch.get_num_threads()
+    os.chdir(envs_dir)
+    try:
+        start_ray(None, 1, logging_level="warning")
+    finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(env)
+    yield
+    ray.shutdown()
+    Config.initialize("")  # read RAY_AUTH_MODE again, as Ray does when it turns token mode on
+    AuthenticationTokenLoader.instance().reset_cache()
+    signal.signal(signal.SIGTERM, sigterm)
+    builtins.print = printer
+    torch.set_num_threads(threads)
+
+
+def test_train_three_steps_from_the_cli_scores_the_verifiers_reward(envs_dir, ray_with_the_envs, tmp_path, capfd):
+    from openmanus_rl_core.cli import main
+
     run = tmp_path / "run"
-    cli_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(envs_dir),
-                                                                         os.environ.get("PYTHONPATH")]))}
-    out = subprocess.run([CLI, "train", "env=verifiers", "reward=verifiers", "env.kwargs.id=omrl_vf_quarter",
-                          "trainer.total_steps=3", *SMALL, f"trainer.run_dir={run}"],
-                         env=cli_env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "warm-up skipped: env 'verifiers' has no oracle" in out.stdout
+    capfd.readouterr()
+    code = main(["train", "env=verifiers", "reward=verifiers", "env.kwargs.id=omrl_vf_quarter", "trainer.total_steps=3",
+                 *SMALL, f"trainer.run_dir={run}"])  # the command's function, in this process, on the module's Ray
+    out = capfd.readouterr()
+    assert code == 0, out.out[-3000:] + out.err[-3000:]
+    assert "warm-up skipped: env 'verifiers' has no oracle" in out.out
     rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
     assert {1, 2, 3} <= set(rows)
     for step in (1, 2, 3):
