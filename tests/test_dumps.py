@@ -141,6 +141,24 @@ def test_every_step_is_dumped_named_by_the_checkpoint_and_replays_to_the_runs_we
 
 
 @pytest.mark.slow
+def test_a_grpo_run_replays_to_its_own_weights(tmp_path, ray_local, command_here):
+    """GRPO, no critic: 5 steps dumped (checkpoints at steps 0 and 5), replayed from step 0 in this process: the
+    replay's weights equal the run's step-5 weights, which the five updates moved."""
+    run = tmp_path / "run"
+    out = command_here(["train", *SMALL, f"trainer.run_dir={run}"])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    start = load_checkpoint(run / "checkpoints" / "step_000000", keys=["model"])["model"]
+    end = load_checkpoint(run / "checkpoints" / "step_000005", keys=["model"])["model"]
+    assert max(float((start[k] - end[k]).abs().max()) for k in start) > 1e-4
+    assert "values" not in read_dump(run / "rollouts" / "step_000005.parquet").tensors
+
+    out = command_here(["replay", f"trainer.checkpoint={run / 'checkpoints' / 'step_000000'}", "replay.steps=1..5"])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    last = out.stdout.splitlines()[-1]
+    assert last.startswith("max abs diff to the run's step 5: ") and float(last.rsplit(":", 1)[1]) <= 1e-6, last
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("args, line", [
     (["replay.steps=1..9"], "replay.steps=1..9: the dumps in {run}/rollouts hold steps 1..5; step 6 is missing"),
     (["replay.steps=2..5"], "replay.steps=2..5: the checkpoint holds step 0, so a replay from it starts at step 1"),
@@ -174,12 +192,12 @@ def test_inspect_tables_each_step_and_writes_the_browser_over_its_samples(ppo_ru
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("mode", ["lockstep", "stream"])
+@pytest.mark.parametrize("mode", ["lockstep", "episodes", "stream"])
 def test_three_kills_lose_no_task_and_train_none_twice(tmp_path, cli_env, mode):
     """12 steps on the latency env (heavy-tailed step times), killed with kill -9 at three seeded random steps and
     resumed each time. Every task the sampler handed out is trained once (n samples), or recorded as dropped, or
     still in the stream's queue at the end: none lost, none twice. The stream (η=2) keeps groups in flight across
-    checkpoints; lockstep trains them in the sampler's order."""
+    checkpoints; lockstep and `rollout.mode=episodes` train them in the sampler's order."""
     import random
 
     import pyarrow.parquet as pq
@@ -188,7 +206,7 @@ def test_three_kills_lose_no_task_and_train_none_twice(tmp_path, cli_env, mode):
     from openmanus_rl_core.data.tasks import load_tasks
 
     run = tmp_path / "run"
-    extra = ["rollout.max_staleness=2"] if mode == "stream" else []
+    extra = {"lockstep": [], "episodes": ["rollout.mode=episodes"], "stream": ["rollout.max_staleness=2"]}[mode]
     cmd = [str(BIN / "openmanus-rl"), "train", *[o for o in SMALL if not o.startswith(("env=", "trainer.total_steps=",
                                                                                           "trainer.save_freq="))],
            "env=latency", "env.kwargs.median_ms=20", "trainer.total_steps=12", "trainer.save_freq=2", *extra,
@@ -200,7 +218,8 @@ def test_three_kills_lose_no_task_and_train_none_twice(tmp_path, cli_env, mode):
     out = subprocess.run([*cmd, "trainer.resume=auto"], env=cli_env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
-    final = load_checkpoint(run / "checkpoints" / "step_000012", keys=["sampler", "stream"] if extra else ["sampler"])
+    final = load_checkpoint(run / "checkpoints" / "step_000012", keys=["sampler", "stream"] if mode == "stream"
+                            else ["sampler"])
     tasks = load_tasks(run / "data" / "train.parquet")
     sampler = TaskSampler(tasks, 4, seed=0)
     position = final["sampler"]["epoch"] * len(tasks) + final["sampler"]["position"]
@@ -216,7 +235,7 @@ def test_three_kills_lose_no_task_and_train_none_twice(tmp_path, cli_env, mode):
             dropped += [json.loads(line)["task_id"] for line in left_out.read_text().splitlines()]
     queued = [row["task_id"] for row in (final.get("stream") or {}).get("queue", [])]
     assert sorted(trained + dropped + queued) == sorted(handed_out)
-    if mode == "lockstep":
+    if mode != "stream":  # lockstep, and episodes that each run at their own pace: the sampler's order, step by step
         assert trained == handed_out and not dropped and not queued
     else:  # the stream draws ahead of training: groups were in flight at every checkpoint, the last one included
         assert queued and len(trained) == 12 * 4
