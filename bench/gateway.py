@@ -100,7 +100,7 @@ def one_side(side: str, model_dir: str, episodes: int) -> float:
     else:
         agent = types.SimpleNamespace(command=None, function="examples.key_door_agent:play",
                                       max_concurrent=episodes, timeout_s=300.0, model_name="omrl-policy")
-        runner = AgentRollout(engine, tok, template, agent, lambda: 0).sampling(rcfg)
+        runner = AgentRollout(engine, tok, template, agent, lambda: 0, rcfg.gen_wait_ms / 1000.0).sampling(rcfg)
     runner.run(tasks)  # untimed: the engine's first calls (allocations, kernels) are not what is compared
     tasks = [dict(t, task_id=(t["task_id"] + episodes) % 240) for t in tasks]
     t0 = time.perf_counter()

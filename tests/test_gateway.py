@@ -51,9 +51,11 @@ class Script:
     def __init__(self, tok, replies, eos=True):
         self.tok, self.replies, self.eos = tok, list(replies), eos
         self.prompts: list[list[int]] = []
+        self.batches: list[int] = []  # the number of prompts of each generate call
         self.generator = None
 
     def generate(self, prompts, params):
+        self.batches.append(len(prompts))
         out = []
         for p in prompts:
             text = self.replies[len(self.prompts) % len(self.replies)]
@@ -145,6 +147,38 @@ def test_the_sdk_gets_replies_models_logprobs_a_stream_and_posts_the_reward(gate
     assert record.reward == 0.75 and record.success is True and len(record.calls) == 5
     with pytest.raises(openai.AuthenticationError):  # a closed episode's key is refused
         client.models.list()
+
+
+def test_a_batch_closes_once_every_running_agent_has_asked_and_waits_a_gap_for_one_that_has_not(gateway):
+    """Agents' requests go to the engine together: at once when every running agent has asked (the gap, 5 s here,
+    is not waited), after a gap with nothing new when a running agent is elsewhere (in its env)."""
+    import threading
+    import time
+
+    gw = gateway(["open box"], batch_wait_s=5.0)
+    keys = [gw.open_episode({"task_id": i}) for i in range(3)]
+
+    def ask(keys):
+        threads = [threading.Thread(target=lambda k=k: openai.OpenAI(base_url=gw.base_url, api_key=k, max_retries=0)
+                                    .chat.completions.create(model="omrl-policy", messages=[{"role": "user",
+                                                                                             "content": "hi"}]))
+                   for k in keys]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join()
+        return time.monotonic() - t0
+
+    for k in keys:
+        gw.agent_running(k, True)
+    assert ask(keys) < 3.0 and gw.batcher.engine.batches == [3]
+    gw.agent_running(keys[2], False)  # an agent that ended is not waited for
+    assert ask(keys[:2]) < 3.0 and gw.batcher.engine.batches == [3, 2]
+    gw.batcher.wait_s = 0.3
+    gw.agent_running(keys[2], True)  # running, but not asking: the batch closes after a gap of 0.3 s
+    assert ask(keys[:2]) >= 0.3 and gw.batcher.engine.batches == [3, 2, 2]
 
 
 def test_a_tool_call_comes_back_in_openais_shape_and_renders_back_into_the_next_prompt(gateway, tok):

@@ -220,8 +220,9 @@ class RolloutConfig:
                                 "call returns (for envs with slow or uneven latency; docs/async.md)",
                     choices=("lockstep", "episodes"))
     gen_batch_size: int = opt(0, "mode=episodes: most episodes per generate call (0: every ready one)", ge=0)
-    gen_wait_ms: float = opt(10.0, "mode=episodes: how long ready episodes wait for others before a generate call",
-                             ge=0)
+    gen_wait_ms: float = opt(10.0, "mode=episodes: how long ready episodes wait for others before a generate call; "
+                                   "agents (gateway): how long a batch of requests waits for the next one while "
+                                   "some running agent has not asked", ge=0)
     max_staleness: Optional[int] = opt(None, "the group stream (docs/async.md): a trained sample's tokens are at most "
                                              "this many optimizer steps old; groups keep running across steps, "
                                              "episodes on their own whatever `mode` says (null: no stream, each "

@@ -47,6 +47,7 @@ KILL_GRACE_S = 2.0  # seconds between SIGTERM to an agent's process group and SI
 STDERR_TAIL_CHARS = 2000
 ABANDON_POLL_S = 0.2
 _GUARD_POLL_S = 0.5  # how soon an agent notices that the process running run_agents was killed
+Running = Callable[[str, bool], None]  # told (key, True) when an episode's agent starts, (key, False) when it ends
 
 
 @dataclass
@@ -137,14 +138,17 @@ def _load_function(spec: str) -> Callable[..., Awaitable[Any]]:
 
 # ------------------------------------------------------------------------------------------------------ running
 def run_agents(jobs: Sequence[AgentJob], cfg: Any, base_url: str, model: str, log: Callable[[str], None],
-               abandon: Callable[[], bool] = lambda: False) -> list[AgentOutcome]:
+               abandon: Callable[[], bool] = lambda: False, running: Running = lambda key, now: None
+               ) -> list[AgentOutcome]:
     """Run one agent per job (``cfg``: the ``agent`` section) against the gateway at ``base_url``; the outcomes in
-    job order. See the module doc for what an agent gets and how it is stopped."""
+    job order; ``running(key, True)`` when a job's agent starts, ``running(key, False)`` when it ends. See the
+    module doc for what an agent gets and how it is stopped."""
     groups: set[int] = set()  # the process groups of the agents running now
     run_one = job_runner(cfg, base_url, model, groups)
     loop = asyncio.new_event_loop()
     try:
-        return loop.run_until_complete(_run_all(list(jobs), run_one, int(cfg.max_concurrent), log, abandon))
+        return loop.run_until_complete(_run_all(list(jobs), run_one, int(cfg.max_concurrent), log, abandon,
+                                                running))
     finally:  # normally a no-op; after an exception in this thread the agents still running end here
         stop_groups(groups)
         rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
@@ -172,9 +176,9 @@ def stop_groups(groups: set[int]) -> None:
 
 
 async def _run_all(jobs: list[AgentJob], run_one: Callable[[AgentJob], Awaitable[float | None]], max_concurrent: int,
-                   log: Callable[[str], None], abandon: Callable[[], bool]) -> list[AgentOutcome]:
+                   log: Callable[[str], None], abandon: Callable[[], bool], running: Running) -> list[AgentOutcome]:
     slots = asyncio.Semaphore(max_concurrent)
-    tasks = [asyncio.ensure_future(run_job(job, run_one, slots, log)) for job in jobs]
+    tasks = [asyncio.ensure_future(run_job(job, run_one, slots, log, running)) for job in jobs]
     pending = set(tasks)
     while pending:
         _, pending = await asyncio.wait(pending, timeout=ABANDON_POLL_S)
@@ -188,13 +192,18 @@ async def _run_all(jobs: list[AgentJob], run_one: Callable[[AgentJob], Awaitable
 
 
 async def run_job(job: AgentJob, run_one: Callable[[AgentJob], Awaitable[float | None]], slots: asyncio.Semaphore,
-                  log: Callable[[str], None]) -> AgentOutcome:
-    """One job's :class:`AgentOutcome`, its agent run by ``run_one`` once a slot of ``slots`` is free."""
+                  log: Callable[[str], None], running: Running = lambda key, now: None) -> AgentOutcome:
+    """One job's :class:`AgentOutcome`, its agent run by ``run_one`` once a slot of ``slots`` is free (``running``
+    told when it starts and ends)."""
     start = time.monotonic()
     try:
         async with slots:
             start = time.monotonic()  # the agent's own time, not its wait for a slot
-            reward = await run_one(job)
+            running(job.key, True)
+            try:
+                reward = await run_one(job)
+            finally:
+                running(job.key, False)
         return AgentOutcome(job.key, reward, None, time.monotonic() - start)
     except asyncio.CancelledError:
         return AgentOutcome(job.key, None, "abandoned", time.monotonic() - start)

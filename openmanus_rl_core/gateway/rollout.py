@@ -28,10 +28,11 @@ class AgentRollout:
     while agents run; True gives the rollout up (:class:`~openmanus_rl_core.process.stopping.Abandoned`)."""
 
     def __init__(self, engine: Any, tokenizer: Any, template: Any, agent_cfg: Any, version: Callable[[], int],
-                 log: Callable[[str], None] = print, lock: Any = None):
+                 batch_wait_s: float, log: Callable[[str], None] = print, lock: Any = None):
         self.template, self.cfg, self.log = template, agent_cfg, log
         # ``lock``: the rank's engine lock, held around each generate (a weight push lands between two).
-        self.gateway = Gateway(engine, tokenizer, agent_cfg.model_name, version=version, lock=lock)
+        self.gateway = Gateway(engine, tokenizer, agent_cfg.model_name, version=version, lock=lock,
+                               batch_wait_s=batch_wait_s)
         self.abandon: Callable[[], bool] = lambda: False
         self.params = None  # the sampling of the next run (sampling())
 
@@ -47,7 +48,7 @@ class AgentRollout:
         jobs = [AgentJob(self.gateway.open_episode(task, self.params), dict(task)) for task in tasks]
         try:
             outcomes = run_agents(jobs, self.cfg, self.gateway.base_url, self.cfg.model_name, self.log,
-                                  abandon=self.abandon)
+                                  abandon=self.abandon, running=self.gateway.agent_running)
         finally:
             records = [self.gateway.close_episode(job.key) for job in jobs]
         if self.abandon():
@@ -87,9 +88,9 @@ class AgentStream:
     def add(self, tasks: Sequence[dict]) -> None:
         for task in tasks:
             job = AgentJob(self.gateway.open_episode(task, self.params), dict(task))
-            running = asyncio.run_coroutine_threadsafe(run_job(job, self.run_one, self.slots, self.agents.log),
-                                                       self.loop)
-            running.add_done_callback(lambda fut, job=job: self.ended.put((job, fut)))
+            agent = run_job(job, self.run_one, self.slots, self.agents.log, self.gateway.agent_running)
+            future = asyncio.run_coroutine_threadsafe(agent, self.loop)
+            future.add_done_callback(lambda fut, job=job: self.ended.put((job, fut)))
             self.live += 1
 
     @property

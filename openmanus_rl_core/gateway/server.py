@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Sequence
 
+from openmanus_rl_core.gateway.requests import ApiError, ChatRequest
 from openmanus_rl_core.gateway.tools import parse_tool_calls
 from openmanus_rl_core.protocols import SamplingParams
 
@@ -65,24 +66,15 @@ class EpisodeRecord:
     sampling: SamplingParams | None = None  # how its calls are sampled (None: as the gateway's default says)
 
 
-class ApiError(Exception):
-    """A request the gateway refuses: the HTTP status and OpenAI's error fields."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
 class _Batcher:
-    """One thread that owns the engine: the prompts queued within ``wait_s`` of each other (with the same sampling
-    settings; at most ``10 * wait_s`` after the first) go to ``engine.generate`` together."""
+    """One thread that owns the engine: the requests of one batch (with the same sampling settings) go to
+    ``engine.generate`` together. In a run (``running()``: how many agents run now) a batch closes once every running
+    agent has asked, or when no request has come for ``wait_s`` (the others are busy with their envs). Serving
+    (``running()`` 0), it closes at a gap of ``wait_s``, at most ``10 * wait_s`` after its first request."""
 
-    def __init__(self, engine: Any, lock: Any, version: Callable[[], int], wait_s: float):
-        self.engine, self.lock, self.version, self.wait_s = engine, lock, version, wait_s
+    def __init__(self, engine: Any, lock: Any, version: Callable[[], int], wait_s: float,
+                 running: Callable[[], int] = lambda: 0):
+        self.engine, self.lock, self.version, self.wait_s, self.running = engine, lock, version, wait_s, running
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="omrl-gateway-batcher", daemon=True)
         self.thread.start()
@@ -101,19 +93,7 @@ class _Batcher:
             item = self.queue.get()
             if item is None:
                 return
-            pending = [item]
-            # Requests of one turn arrive spread over a few ms: take them while they keep coming (a gap of wait_s
-            # ends the batch), for at most 10 x wait_s.
-            deadline = time.monotonic() + 10 * self.wait_s
-            while (left := min(self.wait_s, deadline - time.monotonic())) > 0:
-                try:
-                    more = self.queue.get(timeout=left)
-                except queue.Empty:
-                    break
-                if more is None:
-                    self.queue.put(None)  # close after this batch
-                    break
-                pending.append(more)
+            pending = self._batch(item)
             by_params: dict[Any, list] = {}
             for prompts, params, fut in pending:
                 key = (params.max_new_tokens, params.temperature, params.top_p, params.top_k, tuple(params.stop),
@@ -121,6 +101,26 @@ class _Batcher:
                 by_params.setdefault(key, []).append((prompts, params, fut))
             for group in by_params.values():
                 self._generate(group)
+
+    def _batch(self, first: tuple) -> list:
+        # Requests of one turn arrive spread over milliseconds (each client's own work, one core for them all): in a
+        # run, wait for every running agent (one request each); a gap of wait_s means the rest are elsewhere.
+        pending, expected = [first], self.running()
+        deadline = time.monotonic() + 10 * self.wait_s
+        while not expected or len(pending) < expected:
+            left = self.wait_s if expected else min(self.wait_s, deadline - time.monotonic())
+            if left <= 0:
+                break
+            try:
+                more = self.queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if more is None:
+                self.queue.put(None)  # close after this batch
+                break
+            pending.append(more)
+            expected = self.running()
+        return pending
 
     def _generate(self, group: list) -> None:
         flat = [p for prompts, _, _ in group for p in prompts]
@@ -161,7 +161,9 @@ class Gateway:
         self.episodes: dict[str, EpisodeRecord] = {}
         self.static_keys = set(keys)
         self._lock = threading.Lock()
-        self.batcher = _Batcher(engine, lock if lock is not None else threading.Lock(), version, batch_wait_s)
+        self.running: set[str] = set()  # the keys whose agents run now (agent_running)
+        self.batcher = _Batcher(engine, lock if lock is not None else threading.Lock(), version, batch_wait_s,
+                                running=lambda: len(self.running))
         self.server = _Server((host, port), _handler(self))
         self._thread = threading.Thread(target=self.server.serve_forever, name="omrl-gateway", daemon=True)
         self._thread.start()
@@ -183,7 +185,13 @@ class Gateway:
     def close_episode(self, key: str) -> EpisodeRecord:
         """The episode's record; its key is refused from now on."""
         with self._lock:
+            self.running.discard(key)
             return self.episodes.pop(key)
+
+    def agent_running(self, key: str, running: bool) -> None:
+        """Whether the agent of episode ``key`` runs now: a batch waits for every running agent's request."""
+        with self._lock:
+            (self.running.add if running else self.running.discard)(key)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -219,7 +227,7 @@ class Gateway:
 
     def chat(self, record: EpisodeRecord | None, body: Any) -> dict:
         """One ``/v1/chat/completions`` request: rendered, generated (batched with others), recorded."""
-        req = _ChatRequest.parse(body, self.model)
+        req = ChatRequest.parse(body, self.model)
         prompt = self.render(req.messages, req.tools)
         params = self._params(req, record.sampling if record is not None and record.sampling else self.sampling)
         outs, version = self.batcher.submit([prompt] * req.n, params).result()
@@ -248,7 +256,7 @@ class Gateway:
                            param="messages") from None
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _params(self, req: "_ChatRequest", sampling: SamplingParams | None) -> SamplingParams:
+    def _params(self, req: "ChatRequest", sampling: SamplingParams | None) -> SamplingParams:
         if sampling is not None:  # training: the run's sampling, the request's stop strings and length cap
             cap = min(sampling.max_new_tokens, req.max_tokens or sampling.max_new_tokens)
             return replace(sampling, max_new_tokens=cap, stop=list(sampling.stop) + req.stop)
@@ -257,7 +265,7 @@ class Gateway:
                               top_p=1.0 if req.top_p is None else req.top_p, stop=req.stop,
                               greedy=temperature == 0)
 
-    def _choice(self, index: int, call: Call, req: "_ChatRequest") -> dict:
+    def _choice(self, index: int, call: Call, req: "ChatRequest") -> dict:
         text = call.text
         ended = next((s for s in req.stop if text.endswith(s)), None)
         if ended and not req.include_stop:  # OpenAI's way: the stop string is not part of the reply
@@ -277,100 +285,6 @@ class Gateway:
         else:
             choice["logprobs"] = None
         return choice
-
-
-@dataclass
-class _ChatRequest:
-    messages: list[dict]
-    tools: list | None
-    n: int
-    temperature: float | None
-    top_p: float | None
-    max_tokens: int | None
-    stop: list[str]
-    logprobs: bool
-    stream: bool
-    include_stop: bool  # vLLM's include_stop_str_in_output: the reply as sampled, its stop string kept
-
-    @staticmethod
-    def parse(body: Any, model: str) -> "_ChatRequest":
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        if body.get("model") != model:
-            raise ApiError(404, f"The model `{body.get('model')}` does not exist; this gateway serves `{model}` "
-                                f"(OMRL_MODEL)", param="model", code="model_not_found")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "messages must be a non-empty list", param="messages")
-        clean = [_message(m, i) for i, m in enumerate(messages)]
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise ApiError(400, "tools must be a list of function tools", param="tools")
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise ApiError(400, "stop must be a string or a list of strings", param="stop")
-        n = _number(body, "n", int, 1, low=1, high=64)
-        return _ChatRequest(messages=clean, tools=tools, n=n,
-                            temperature=_number(body, "temperature", float, None, low=0.0, high=2.0),
-                            top_p=_number(body, "top_p", float, None, low=0.0, high=1.0),
-                            max_tokens=_number(body, "max_completion_tokens", int, None, low=1)
-                            or _number(body, "max_tokens", int, None, low=1),
-                            stop=stop, logprobs=bool(body.get("logprobs")), stream=bool(body.get("stream")),
-                            include_stop=bool(body.get("include_stop_str_in_output")))
-
-
-def _number(body: dict, name: str, kind: type, default: Any, low: float | None = None,
-            high: float | None = None) -> Any:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-        raise ApiError(400, f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}",
-                       param=name)
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise ApiError(400, f"{name}={value!r} is out of range [{low}, {high}]", param=name)
-    return kind(value)
-
-
-# The role a chat template knows for an OpenAI role it may not (developer: OpenAI's newer name for system).
-_TEMPLATE_ROLE = {"developer": "system"}
-
-
-def _message(m: Any, i: int) -> dict:
-    """A message with its text contents joined (the chat template renders text only)."""
-    if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-        raise ApiError(400, f"messages[{i}] must be an object with a role of system, developer, user, assistant "
-                            f"or tool, got {m!r}"[:300], param=f"messages[{i}]")
-    out = dict(m, role=_TEMPLATE_ROLE.get(m["role"], m["role"]))
-    content = m.get("content")
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
-            raise ApiError(400, f"messages[{i}].content: only text parts are supported", param=f"messages[{i}]")
-        out["content"] = "".join(texts)
-    elif content is None:
-        out["content"] = ""
-    elif not isinstance(content, str):
-        raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
-                       param=f"messages[{i}]")
-    calls = m.get("tool_calls")
-    if calls:  # chat templates take the arguments as a mapping; OpenAI sends them as a JSON string
-        out["tool_calls"] = [_template_call(c, i) for c in calls]
-    return out
-
-
-def _template_call(call: Any, i: int) -> dict:
-    fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise ApiError(400, f"messages[{i}].tool_calls: each needs a function with a name", param=f"messages[{i}]")
-    args = fn.get("arguments") or "{}"
-    try:
-        args = json.loads(args) if isinstance(args, str) else args
-    except json.JSONDecodeError:
-        raise ApiError(400, f"messages[{i}].tool_calls: arguments are not JSON: {args!r}"[:300],
-                       param=f"messages[{i}]") from None
-    return {**call, "function": {"name": fn["name"], "arguments": args}}
 
 
 def _handler(gateway: Gateway) -> type:

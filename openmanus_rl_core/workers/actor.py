@@ -149,7 +149,8 @@ class ActorWorker(Worker):
             from openmanus_rl_core.gateway.rollout import AgentRollout
 
             self._agents = AgentRollout(self.engine, self.tokenizer, template, self.cfg.agent,
-                                        lambda: self.policy_version, lock=self.engine_lock)
+                                        lambda: self.policy_version, self.cfg.rollout.gen_wait_ms / 1000.0,
+                                        lock=self.engine_lock)
         return self._agents
 
     # ------------------------------------------------------------------------------------------ the stream
