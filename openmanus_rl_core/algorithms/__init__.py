@@ -33,6 +33,7 @@ from .kl import (
     apply_kl_penalty,
     kl_penalty,
     make_kl_controller,
+    uses_reference,
 )
 from .losses import (
     LOSS_AGG_MODES,
@@ -80,5 +81,6 @@ __all__ = [
     "reinforce_plus_plus_estimator",
     "rloo_estimator",
     "rloo_sequence_advantages",
+    "uses_reference",
     "value_loss",
 ]

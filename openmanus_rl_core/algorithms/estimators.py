@@ -21,8 +21,10 @@ __all__ = [
     "gigpo_estimator",
     "grpo_estimator",
     "grpo_no_std_estimator",
+    "opd_estimator",
     "reinforce_plus_plus_estimator",
     "rloo_estimator",
+    "self_imitation_estimator",
 ]
 
 
@@ -118,3 +120,37 @@ def gigpo_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tenso
         valid=batch.get("valid"), episode_ids=batch.get("episode_ids"),
     )
     return adv, adv
+
+
+def self_imitation_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entry point ``self_imitation`` (rejection-sampling fine-tuning, RAFT / ReST / DigiRL's filtered BC on the
+    policy's own samples). Batch: tensors ``response_mask``; non_tensors ``success`` (per sample).
+
+    ``A_t = 1`` on every response token of a successful sample, 0 elsewhere: with the on-policy ratio of 1, the
+    policy loss's gradient is then supervised learning on the successful samples alone. No cfg keys are used.
+    Returns ``(advantages, advantages)``, ``[B, T]``."""
+    _need(batch, ("response_mask", "success"), "self_imitation")
+    mask = batch["response_mask"]
+    won = torch.as_tensor([bool(s) for s in batch["success"]], dtype=mask.dtype, device=mask.device)
+    adv = (mask * won[:, None]).float()
+    valid = batch.get("valid")
+    if valid is not None:
+        adv = adv * torch.as_tensor(valid, dtype=adv.dtype, device=adv.device)[:, None]
+    return adv, adv
+
+
+def opd_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entry point ``opd`` (on-policy distillation: Agarwal et al. 2024, GKD; Thinking Machines 2025). Batch: tensors
+    ``old_log_probs`` (the policy's, on its own samples), ``ref_log_probs`` (the teacher's: ``algorithm.teacher.path``
+    makes it the reference policy), ``response_mask``.
+
+    ``A_t = log pi_teacher(y_t | y_<t) - log pi(y_t | y_<t)``: minus the per-token reverse KL (the k1 estimate of
+    ``KL(pi || pi_teacher)`` at the sampled token), with no discount, baseline or whitening; the env's rewards are
+    not used. 0 off the response. No cfg keys are used. Returns ``(advantages, advantages)``, ``[B, T]``."""
+    _need(batch, ("old_log_probs", "ref_log_probs", "response_mask"), "opd")
+    mask = batch["response_mask"].bool()
+    adv = torch.where(mask, batch["ref_log_probs"] - batch["old_log_probs"], torch.zeros((), dtype=torch.float32))
+    valid = batch.get("valid")
+    if valid is not None:
+        adv = adv * torch.as_tensor(valid, dtype=adv.dtype, device=adv.device)[:, None]
+    return adv.float(), adv.float()

@@ -26,7 +26,14 @@ __all__ = [
     "FixedKLController",
     "apply_kl_penalty",
     "kl_penalty",
+    "uses_reference",
 ]
+
+
+def uses_reference(algo) -> bool:
+    """Whether a run with the algorithm section ``algo`` needs reference log-probs: a KL term (reward penalty or
+    loss), or a teacher (``algorithm.teacher.path``: on-policy distillation, whose reference is the teacher)."""
+    return bool(algo.use_kl_in_reward or algo.use_kl_loss or algo.teacher.path)
 
 
 def _k1(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:

@@ -109,6 +109,12 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class TeacherConfig:
+    path: Optional[str] = opt(None, "algorithm=opd: the teacher, a model folder with the policy's tokenizer; it is "
+                                    "the reference policy, whose log-probs on the policy's samples teach it")
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantages, policy loss and KL (group ``algorithm``: grpo, ppo, gigpo)."""
 
@@ -144,6 +150,7 @@ class AlgorithmConfig:
                             "use_kl_in_reward)")
     kl_loss_coef: float = opt(0.001, "KL loss coefficient", ge=0)
     kl_loss_type: str = opt("k3", "KL estimator of the loss term", choices=("k1", "k2", "k3", "abs"))
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
 
 
 # ------------------------------------------------------------------------------------------------------ model
@@ -322,6 +329,10 @@ class WarmupConfig:
     warmup_ratio: float = opt(0.4, "fraction of the steps spent ramping the LR up", ge=0)
     grad_clip: float = opt(1.0, "clip_grad_norm_ max norm (0: off)", ge=0)
     num_demos: Optional[int] = opt(None, "demonstrations from the first N training tasks (null: all)", ge=1)
+    demonstrator: str = opt("oracle", "who plays the tasks without a demonstration of their own: oracle (the env's "
+                                      "oracle_action) or a systematic demonstrator the env offers (its demonstrators)")
+    keep: str = opt("all", "which demonstrations train: all (successes and failures) or success (filtered BC)",
+                    choices=("all", "success"))
     validate: bool = opt(True, "validate right after the warm-up (warmup/val/* metrics at step 0)")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from openmanus_rl_core.process import heap
+from openmanus_rl_core.config import ConfigError
 from openmanus_rl_core.algorithms.correction import correction_mode
 from openmanus_rl_core.algorithms.dynamic_sampling import GroupFilter
 from openmanus_rl_core.rewards.callables import RECORD_KEY, record
@@ -126,6 +127,12 @@ def setup(trainer: Any) -> None:
                                                              trainer.env_factory, trainer.template, trainer.log,
                                                              resuming=trainer.resume_path is not None)
     trainer.pad_token_id = trainer.tokenizer.pad_token_id
+    if algo.teacher.path:  # its log-probs score the policy's tokens: both must read the same ids as the same text
+        from openmanus_rl_core.models.loading import load_tokenizer
+
+        if load_tokenizer(algo.teacher.path, cfg.model.chat_template).get_vocab() != trainer.tokenizer.get_vocab():
+            raise ConfigError(f"algorithm.teacher.path={algo.teacher.path}: its tokenizer is not the policy's "
+                              f"({trainer.model_dir}); distillation needs the same vocabulary")
     if cfg.trainer.save_rollouts:
         trainer.dumps = RolloutDumps(trainer.run_dir, trainer.model_dir)
     start_workers(trainer)

@@ -222,13 +222,13 @@ class Trainer:
         does ``algorithm.rollout_correction=behaviour``, the group stream's default).
         Reference log-probs: when a KL term (reward penalty or loss) is on.
         """
-        from openmanus_rl_core.algorithms import masked_mean
+        from openmanus_rl_core.algorithms import masked_mean, uses_reference
         from openmanus_rl_core.distributed.sharding import cat_rows
 
         algo, mode = self.algo, self.old_log_probs_mode
         mini = self.cfg.actor.ppo_mini_batch_size
         multi = self.cfg.actor.ppo_epochs > 1 or (mini is not None and mini < len(batch))
-        with_ref = algo.use_kl_in_reward or algo.use_kl_loss
+        with_ref = uses_reference(algo)  # a KL term, or the teacher of on-policy distillation
         need_old = mode == "true" or (mode == "auto" and multi) or algo.use_kl_in_reward
         if mode == "rollout" or self.correction == "behaviour":  # the ratio against the policy that sampled
             batch["old_log_probs"] = batch["rollout_log_probs"]

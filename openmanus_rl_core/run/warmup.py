@@ -1,4 +1,5 @@
-"""Supervised warm-up on demonstrations (before RL): from the task data, or from the env's own oracle.
+"""Supervised warm-up on demonstrations (before RL): from the task data, or played by the env's oracle or by one of
+its systematic demonstrators (``warmup.demonstrator``), all of them or the successes alone (``warmup.keep``).
 
 A randomly initialised model almost never emits a well-formed action, so a pure RL run first has to discover the
 action syntax by chance, and on a reward with partial credit it may find a way to game it instead (see
@@ -33,29 +34,54 @@ from openmanus_rl_core.plugin.envs import undelayed
 from openmanus_rl_core.process.alive import Alive
 from openmanus_rl_core.run.validation import validate
 
-__all__ = ["oracle_episode", "task_demonstration", "build_corpus", "build_demonstrations", "demo_batch",
+__all__ = ["oracle_episode", "demonstrator_policy", "play_episode", "task_demonstration", "build_corpus", "build_demonstrations", "demo_batch",
            "run_warmup"]
 
 
 def oracle_episode(env: Any, task: Mapping[str, Any], max_turns: int) -> tuple[str, list[tuple[str, str]]]:
     """Play ``task`` with the env's oracle. Returns ``(first observation, [(action, next observation), ...])``;
     the last pair is the one that ended the episode (or the ``max_turns``-th)."""
-    if not hasattr(env, "oracle_action"):
-        raise TypeError(
-            f"the env {type(env).__name__} has no oracle_action(); the supervised warm-up needs an OracleEnv. "
-            "Set warmup.steps=0 to train without it"
-        )
+    return play_episode(env, task, max_turns, demonstrator_policy(env, "oracle"))[:2]
+
+
+def demonstrator_policy(env: Any, name: str) -> Callable[[], str]:
+    """The next-action function of the demonstrator ``name`` on ``env``: ``oracle`` is its ``oracle_action()``;
+    any other name must be one of the systematic demonstrators the env offers (its ``demonstrators``, a mapping
+    name -> description), played by its ``demonstrator_action(name)``."""
+    if name == "oracle":
+        if not hasattr(env, "oracle_action"):
+            raise TypeError(
+                f"the env {type(env).__name__} has no oracle_action(); the supervised warm-up needs an OracleEnv. "
+                "Set warmup.steps=0 to train without it"
+            )
+        return env.oracle_action
+    offered = dict(getattr(env, "demonstrators", None) or {})
+    if name not in offered:
+        from openmanus_rl_core.config import ConfigError
+
+        raise ConfigError(f"warmup.demonstrator={name}: the env {type(env).__name__} offers "
+                          f"{', '.join(['oracle', *offered])}")
+    return lambda: env.demonstrator_action(name)
+
+
+def play_episode(env: Any, task: Mapping[str, Any], max_turns: int,
+                 act: Callable[[], str]) -> tuple[str, list[tuple[str, str]], float, bool]:
+    """Play ``task`` with ``act`` (the next action in the env's current state): ``(first observation, [(action, next
+    observation), ...], summed env reward, success)``, success as the last step's ``info["success"]`` says."""
     from openmanus_rl_core.rollout import start_task
 
     obs0 = start_task(env, task)
     steps: list[tuple[str, str]] = []
+    reward, success = 0.0, False
     for _ in range(int(max_turns)):
-        action = env.oracle_action()
+        action = act()
         res = env.step(action)
         steps.append((action, res.observation))
+        reward += float(res.reward)
+        success = bool((res.info or {}).get("success", False))
         if res.done:
             break
-    return obs0, steps
+    return obs0, steps, reward, success
 
 
 def task_demonstration(task: Mapping[str, Any]) -> tuple[str, list[tuple[str, str]]] | None:
@@ -123,10 +149,14 @@ def chat_transcripts(env_factory: Callable[[], Any], template: Any, tasks: Seque
 
 def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenizer: Any,
                          tasks: Sequence[Mapping[str, Any]], max_turns: int,
-                         log: Callable[[str], None] | None = None) -> list[tuple[list[int], list[int]]]:
-    """One ``(input_ids, loss_mask)`` per task that has a demonstration (its own, or the env's oracle), in the
-    rollout's token layout (module docstring). Empty when the env has no oracle and no task a demonstration.
-    The oracle plays without a wrapper's simulated waits (:func:`envs.undelayed`); ``log`` hears how many tasks
+                         log: Callable[[str], None] | None = None, demonstrator: str = "oracle", keep: str = "all",
+                         played: list[dict] | None = None) -> list[tuple[list[int], list[int]]]:
+    """One ``(input_ids, loss_mask)`` per task that has a demonstration (its own, or one the ``demonstrator``
+    plays: :func:`demonstrator_policy`), in the rollout's token layout (module docstring); with ``keep="success"``
+    only the successful ones (filtered BC; a task's own demonstration counts as one unless it says
+    ``"success": false``). Empty when the env has no such demonstrator and no task a demonstration. ``played``, if
+    given, receives ``{"task_id", "reward", "success", "kept"}`` for every demonstration, kept or not. The
+    demonstrator plays without a wrapper's simulated waits (:func:`envs.undelayed`); ``log`` hears how many tasks
     are done at least every :data:`alive.EVERY_S` seconds."""
     from openmanus_rl_core.rollout import ChatDelta
 
@@ -136,7 +166,9 @@ def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenize
     probe = env_factory()
     try:
         instruction = str(getattr(probe, "instruction", "") or "")
-        has_oracle = hasattr(probe, "oracle_action")
+        can_play = demonstrator != "oracle" or hasattr(probe, "oracle_action")
+        if demonstrator != "oracle":
+            demonstrator_policy(probe, demonstrator)  # an unknown name fails before any task is played
     finally:
         probe.close()
     demos = []
@@ -144,16 +176,24 @@ def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenize
         for task in tasks:
             progress.advance()
             episode, shown = task_demonstration(task), probe
-            if episode is None and has_oracle:
+            if episode is not None:
+                reward = float(task["demonstration"].get("reward", float("nan")))
+                success = bool(task["demonstration"].get("success", True))
+                prompt = _prompt(template, chat, shown, instruction)
+            elif can_play:
                 shown = env_factory()
                 try:
-                    episode = oracle_episode(shown, task, max_turns)
+                    *episode, reward, success = play_episode(shown, task, max_turns,
+                                                             demonstrator_policy(shown, demonstrator))
                     prompt = _prompt(template, chat, shown, instruction)  # read before close: a mix forgets its env
                 finally:
                     shown.close()
-            elif episode is not None:
-                prompt = _prompt(template, chat, shown, instruction)
-            if episode is not None:
+            if episode is None:
+                continue
+            kept = keep == "all" or success
+            if played is not None:
+                played.append({"task_id": task.get("task_id"), "reward": reward, "success": success, "kept": kept})
+            if kept:
                 demos.append(_demonstration(chat, template, *prompt, end_ids, *episode))
     return demos
 
@@ -261,12 +301,15 @@ def warm_up(trainer: Any) -> dict[str, float]:
     t0 = time.perf_counter()
     # Demonstrations come from the training tasks only (never the validation tasks).
     demo_tasks = trainer.train_tasks[:wcfg.num_demos or len(trainer.train_tasks)]
+    played: list[dict] = []
     demos = build_demonstrations(trainer.env_factory, trainer.template, trainer.tokenizer, demo_tasks,
-                                 trainer.cfg.rollout.max_turns, log=trainer.log)
+                                 trainer.cfg.rollout.max_turns, log=trainer.log, demonstrator=wcfg.demonstrator,
+                                 keep=wcfg.keep, played=played)
     if not demos:
         trainer.can_warm_up = False
-        trainer.log(f"warm-up skipped: env {trainer.cfg.env.name!r} has no oracle and the training tasks carry "
-                 f"no demonstrations (warmup.enabled=false silences this)")
+        why = (f"none of the {len(played)} demonstrations succeeded (warmup.keep=success)" if played else
+               f"env {trainer.cfg.env.name!r} has no oracle and the training tasks carry no demonstrations")
+        trainer.log(f"warm-up skipped: {why} (warmup.enabled=false silences this)")
         return {}
 
     def step_fn(shards, lr):
@@ -278,6 +321,10 @@ def warm_up(trainer: Any) -> dict[str, float]:
     trainer.actor.call("sync_rollout_weights")
     metrics["warmup/seconds"] = time.perf_counter() - t0
     metrics["warmup/from_data"] = float(sum(bool(t.get("demonstration")) for t in demo_tasks))
+    metrics["warmup/played"] = float(len(played))  # demonstrations before warmup.keep; their success and reward:
+    metrics["warmup/demo_success"] = float(np.mean([p["success"] for p in played]))
+    rewards = [p["reward"] for p in played if not np.isnan(p["reward"])]  # a task's own demonstration may have none
+    metrics["warmup/demo_reward"] = float(np.mean(rewards)) if rewards else float("nan")
     return metrics
 
 

@@ -64,13 +64,17 @@ class ActorWorker(Worker):
                             model=engine_model, tokenizer=self.tokenizer, device=self.device,
                             seed=cfg.seed * 1000 + self.rank)
         # The reference policy, only when a KL term needs it: the policy RL starts from (these weights; after a
-        # warm-up, the warmed-up ones: end_warmup; on resume, the checkpoint's: load_state).
-        self.use_ref = cfg.algorithm.use_kl_in_reward or cfg.algorithm.use_kl_loss
+        # warm-up, the warmed-up ones: end_warmup; on resume, the checkpoint's: load_state). With a teacher
+        # (algorithm.teacher.path, on-policy distillation) it is the teacher, and stays the teacher.
+        from openmanus_rl_core.algorithms.kl import uses_reference
+
+        self.use_ref, self.teacher = uses_reference(cfg.algorithm), cfg.algorithm.teacher.path
         self.ref = None
         mp = cfg.trainer.mixed_precision
         self.sharding, why = choose_sharding(cfg.actor.sharding, model, self.device, self.world_size, mp)
         if self.use_ref:
-            ref = copy.deepcopy(model).eval()
+            ref = copy.deepcopy(model).eval() if not self.teacher else AutoModelForCausalLM.from_pretrained(
+                self.teacher, local_files_only=True, dtype=_dtype(cfg.model.dtype)).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
             self.ref = self.sharding.wrap(ref.to(self.device), mp)
@@ -300,7 +304,7 @@ class ActorWorker(Worker):
         """RL starts from here: the warm-up's optimizer goes, and the reference policy becomes the warmed-up one
         (a KL term then holds RL near what the demonstrations taught, not near the untrained model)."""
         self.warm_optimizer = None
-        if self.ref is not None:
+        if self.ref is not None and not self.teacher:
             with torch.no_grad():
                 for r, p in zip(self.ref.parameters(), self.model.parameters(), strict=True):
                     r.copy_(p)
@@ -354,9 +358,10 @@ class ActorWorker(Worker):
         self.engine.update_weights(self._engine_weights(model_sd))
 
     def get_state(self) -> dict:
-        """As :meth:`Worker.get_state`, with the reference policy (``ref_model``) when a KL term uses one."""
+        """As :meth:`Worker.get_state`, with the reference policy (``ref_model``) when a KL term uses one (not a
+        teacher's)."""
         state = super().get_state()
-        if self.ref is not None:
+        if self.ref is not None and not self.teacher:  # a teacher is read from its folder again
             ref_sd = gather_full_state(self.ref, self.rank, copy=True)
             if self.rank == 0:
                 state["ref_model"] = ref_sd
@@ -367,7 +372,7 @@ class ActorWorker(Worker):
         """As :meth:`Worker.load_state`; the reference policy (when a KL term uses one) gets ``ref_sd``, or, from a
         checkpoint saved without one, the checkpoint's policy: RL goes on from there."""
         super().load_state(model_sd, optim_sd, scheduler_sd, rng)
-        if self.ref is not None:
+        if self.ref is not None and not self.teacher:
             load_full_state(self.ref, ref_sd if ref_sd is not None else model_sd)
 
     def get_model_state(self) -> dict | None:

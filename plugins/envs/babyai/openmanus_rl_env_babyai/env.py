@@ -93,6 +93,9 @@ class BabyAIEnv:
     """
 
     instruction = INSTRUCTION
+    demonstrators = {"first_of_kind": "goes to the nearest object of the kind the mission names, whatever its colour "
+                                      "(turns like the oracle while none is in view)"}
+    """Systematic suboptimal demonstrators (``warmup.demonstrator=<name>``), played by :meth:`demonstrator_action`."""
 
     def __init__(self, levels: Sequence[str] | None = None, show_actions: bool = True):
         self.levels = tuple(AGENTGYM_LEVELS if levels is None else levels)
@@ -206,6 +209,20 @@ class BabyAIEnv:
                 self.bot = None
         single = {tuple(p): name for name, p in self.actions.items() if len(p) == 1}
         return single.get((self.suggested,), "turn left")
+
+    def demonstrator_action(self, name: str) -> str:
+        """The next action of the demonstrator ``name`` (one of :attr:`demonstrators`). ``first_of_kind``: the first
+        ``go to`` of an object of the mission's kind (the description lists them nearest first), ignoring colour; its
+        success on GoToLocal is the chance that the nearest object of that kind is the one named."""
+        if name not in self.demonstrators:
+            raise ValueError(f"demonstrator {name!r}: BabyAI offers {', '.join(self.demonstrators)}")
+        if self.env is None or self.done:
+            return "turn left"
+        kinds = set(self.mission.split()) & {"ball", "box", "key", "door"}
+        for action in self.actions:
+            if action.startswith("go to ") and action.split()[-2] in kinds:
+                return action
+        return self.oracle_action()
 
     def _may_finish(self, action: str) -> bool:
         """Whether ``action``'s object fits the mission's words (its kind, and its colour when the mission names

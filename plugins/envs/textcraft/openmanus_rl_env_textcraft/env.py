@@ -16,6 +16,7 @@ AgentGym's data, whose ``data_idx`` follows ``os.listdir`` order and so names di
 from __future__ import annotations
 
 import random
+import re
 from typing import Any, Sequence
 
 from openmanus_rl_core.protocols import StepResult
@@ -33,6 +34,7 @@ INSTRUCTION = (
     'uses a generic ingredient like "planks", use a special type of it, e.g. "dark oak planks".'
 )
 MAX_ACTION_CHARS = 512
+GET = re.compile(r"^get \d+ (.+)$")
 VAL_EVERY = 5
 
 
@@ -48,6 +50,9 @@ class TextCraftEnv:
     """
 
     instruction = INSTRUCTION
+    demonstrators = {"one_of_each": "gets one of an ingredient whatever the count the recipe asks, and crafts as soon "
+                                    "as it holds one of each; after a refused craft it gets one more"}
+    """Systematic suboptimal demonstrators (``warmup.demonstrator=<name>``), played by :meth:`demonstrator_action`."""
 
     def __init__(self, min_depth: int = 1, max_depth: int | None = None, max_distractors: int = 10):
         self.tree = load_tree()
@@ -62,6 +67,7 @@ class TextCraftEnv:
         self.inventory = Inventory(self.tree)
         self.done = True
         self.success = False
+        self.refused = False  # the last action was refused (the one_of_each demonstrator reads it)
 
     # ------------------------------------------------------------------------------------------ tasks
     def goal_index(self, task_id: int) -> int:
@@ -127,6 +133,7 @@ class TextCraftEnv:
         self.planner = Planner(self.tree, task.commands)
         self.done = False
         self.success = False
+        self.refused = False
         return task.observation
 
     def step(self, action: Any) -> StepResult:
@@ -141,16 +148,35 @@ class TextCraftEnv:
             observation, crafted = self.inventory.act(text)
         except Failed as failure:
             message = str(failure)
+            self.refused = True
             return StepResult(message, 0.0, False, {"invalid": message.startswith("Could not execute")})
         if crafted == self.task.goal:
             self.done = self.success = True
             return StepResult(observation, 1.0, True, {"invalid": False, "success": True})
+        self.refused = False
         return StepResult(observation, 0.0, False, {"invalid": False})
 
     def oracle_action(self) -> str:
         if self.task is None:
             return "inventory"
         return self.planner.next_action(self.task.goal, self.inventory.items)
+
+    def demonstrator_action(self, name: str) -> str:
+        """The next action of the demonstrator ``name`` (one of :attr:`demonstrators`). ``one_of_each`` follows the
+        planner, but a ``get N x`` becomes ``get 1 x``, and while it holds some ``x`` and its last action was not
+        refused it crafts (the plan's last action) instead: a recipe that asks for more than one of an ingredient
+        costs it a refused craft per missing unit, so on one-craft goals it succeeds within 6 turns on about a third."""
+        if name not in self.demonstrators:
+            raise ValueError(f"demonstrator {name!r}: TextCraft offers {', '.join(self.demonstrators)}")
+        if self.task is None:
+            return "inventory"
+        plan = self.planner.plan(self.task.goal, self.inventory.items)
+        action = plan[0] if plan else "inventory"
+        fetch = GET.match(action)
+        if fetch is None:
+            return action
+        held = self.inventory.items.get(item_id(fetch.group(1)), 0)
+        return plan[-1] if held and not self.refused else f"get 1 {fetch.group(1)}"
 
     def close(self) -> None:
         self.done = True
