@@ -1,21 +1,30 @@
-"""Benchmark: what RL adds on a real benchmark, against a supervised control given the same wall time.
+"""Benchmark: what RL adds over the field's supervised baselines, each given the same wall time (issue 45).
 
-    python bench/rl_gain.py [--preset babyai_goto] [--seeds 0,1,2] [--val-tasks 120] [--json out.json]
-                            [--keep DIR] [hydra overrides ...]
+    python bench/rl_gain.py [--preset babyai_goto] [--seeds 0,1,2] [--demonstrator oracle] [--val-tasks 120]
+                            [--methods sft,filtered_bc,self_imitation,grpo,opd] [--teacher auto|PATH]
+                            [--ood OVERRIDE ...] [--json out.json] [--keep DIR] [hydra overrides ...]
 
-For each seed, two runs of ``openmanus-rl train`` in fresh processes:
+For each seed, runs of ``openmanus-rl train`` in fresh processes, all on ``+experiment=<preset> seed=<s>
+warmup.demonstrator=<d>``:
 
-- **warm-up + RL**: ``+experiment=<preset> seed=<s>``. Validation (greedy, ``--val-tasks`` tasks) after the warm-up
-  and after the last RL step.
-- **supervised control**: the same preset and seed with ``trainer.total_steps=0`` (the warm-up alone) and the
-  warm-up lengthened to fill the first run's warm-up + RL wall time: ``warmup.steps`` scaled by
-  (warm-up seconds + RL seconds) / warm-up seconds, where RL seconds is the sum of the RL steps' ``timing/step``
-  (validation excluded on both sides).
+- **the warm-up** (``trainer.total_steps=0``, saved): supervised learning on the demonstrator's episodes, successes
+  and failures; validated. Its seconds ``W`` (``warmup/seconds``: playing the demonstrations and the steps).
+- **grpo**, **self_imitation**, **opd**: each resumes a copy of the saved warm-up for the preset's RL steps, with
+  the preset's algorithm, ``algorithm=self_imitation`` (sample ``algorithm.n`` per task, train on the successes:
+  rejection-sampling fine-tuning, every step), or ``algorithm=opd algorithm.teacher.path=<teacher>`` (on-policy
+  distillation). Their RL seconds ``R`` are the sum of the RL steps' ``timing/step``; each row's budget is ``W + R``.
+- **sft**, **filtered_bc**: the warm-up alone from scratch with ``warmup.steps`` scaled by ``(W + R_grpo) / W``, so
+  that they get the wall time of warm-up + GRPO; filtered_bc keeps the successful demonstrations only
+  (``warmup.keep=success``).
 
-The table gives each validation's success rate with its 95% Wilson interval, RL's own gain (final minus after the
-warm-up), the control's success, and each run's wall time; the load average is printed before and after each run.
-Take numbers on a quiet machine. ``--keep DIR`` keeps each run's folder (``rl_<seed>``, ``sft_<seed>``: metrics and
-validation samples) under DIR instead of a temporary folder.
+opd's teacher (``--teacher auto``): the preset's warm-up on the oracle's demonstrations (same seed, so the same
+tokenizer), exported with ``openmanus-rl export``; or an exported folder. Validation excluded on every side.
+
+``--ood OVERRIDE ...``: the final checkpoint of every row is also scored with ``openmanus-rl eval`` under these
+overrides (another BabyAI level, TextCraft's depth-2 goals), reported in its own column.
+
+The table gives each row's greedy validation success on ``--val-tasks`` tasks with its 95% Wilson interval, its
+seconds; the load average is printed before and after each run. ``--keep DIR`` keeps each run's folder.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,71 +40,130 @@ import tempfile
 import time
 from pathlib import Path
 
-QUIET = ["trainer.progress=false", "trainer.val_before_train=false", "trainer.save_at_end=false",
-         "trainer.save_freq=0"]
+QUIET = ["trainer.progress=false", "trainer.val_before_train=false", "trainer.save_freq=0"]
+METHODS = ("sft", "filtered_bc", "self_imitation", "grpo", "opd")
+RL = {"grpo": [], "self_imitation": ["algorithm=self_imitation"], "opd": ["algorithm=opd"]}
 
 
-def train(overrides: list[str], run_dir: Path) -> tuple[list[dict], float]:
-    """One ``openmanus-rl train`` in a fresh process: its metrics rows and its wall time."""
-    cmd = [sys.executable, "-m", "openmanus_rl_core.cli", "train", *QUIET, *overrides, f"trainer.run_dir={run_dir}"]
-    print(f"  load {os.getloadavg()[0]:.1f}: {' '.join(cmd[3:])}", flush=True)
+def cli(args: list[str]) -> float:
+    """One ``openmanus-rl`` command in a fresh process; its wall time."""
+    cmd = [sys.executable, "-m", "openmanus_rl_core.cli", *args]
+    print(f"  load {os.getloadavg()[0]:.1f}: {' '.join(args)}", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     print(f"  load {os.getloadavg()[0]:.1f}: done in {wall:.0f}s", flush=True)
-    return rows, wall
+    return wall
 
 
-def interval(row: dict, prefix: str) -> str:
-    return (f"{row[f'{prefix}/success_rate']:.3f} [{row[f'{prefix}/success_ci_low']:.2f}, "
-            f"{row[f'{prefix}/success_ci_high']:.2f}]")
+def train(overrides: list[str], run_dir: Path) -> tuple[list[dict], float]:
+    """One ``openmanus-rl train``: its metrics rows and its wall time."""
+    wall = cli(["train", *QUIET, *overrides, f"trainer.run_dir={run_dir}"])
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()], wall
 
 
-def one_seed(preset: str, seed: int, val_tasks: int, extra: list[str], tmp: Path) -> dict:
-    base = [f"+experiment={preset}"] * bool(preset) + [f"seed={seed}", f"env.val_tasks={val_tasks}", *extra]
-    rows, wall = train(base, tmp / f"rl_{seed}")
-    first, last = rows[0], rows[-1]
-    warm_s = first["warmup/seconds"]
-    rl_s = sum(r["timing/step"] for r in rows[1:])
-    steps = int(first["warmup/steps"])
-    control_steps = round(steps * (warm_s + rl_s) / warm_s)
-    crows, cwall = train(base + ["trainer.total_steps=0", f"warmup.steps={control_steps}"], tmp / f"sft_{seed}")
-    control = crows[0]
-    return {
-        "seed": seed, "warmup_steps": steps, "warmup_s": warm_s, "rl_steps": last["step"], "rl_s": rl_s,
-        "after_warmup": first["warmup/val/success_rate"], "final": last["val/success_rate"],
-        "gain": last["val/success_rate"] - first["warmup/val/success_rate"],
-        "control_steps": control_steps, "control_s": control["warmup/seconds"],
-        "control": control["warmup/val/success_rate"],
-        "text": {"after_warmup": interval(first, "warmup/val"), "final": interval(last, "val"),
-                 "control": interval(control, "warmup/val")},
-        "wall_s": wall, "control_wall_s": cwall,
-    }
+def interval(rate: float, low: float, high: float) -> str:
+    return f"{rate:.3f} [{low:.2f}, {high:.2f}]"
 
 
-def table(results: list[dict], val_tasks: int) -> None:
-    print(f"\nvalidation success on {val_tasks} tasks (greedy), 95% Wilson interval in brackets\n")
-    print("| seed | after warm-up | after RL | RL's own gain | supervised control (same time) | "
-          "warm-up / RL / control seconds | wall (RL run, control) |")
-    print("|---|---|---|---|---|---|---|")
+def val(row: dict, prefix: str) -> tuple[float, str]:
+    return row[f"{prefix}/success_rate"], interval(*(row[f"{prefix}/success_{k}"] for k in ("rate", "ci_low",
+                                                                                             "ci_high")))
+
+
+def ood(run_dir: Path, overrides: list[str]) -> tuple[float, str]:
+    """The run's last checkpoint scored by ``openmanus-rl eval`` under ``overrides``."""
+    out = run_dir / "ood.json"
+    cli(["eval", f"trainer.checkpoint={run_dir}", f"trainer.eval_output={out}", *overrides])
+    r = json.loads(out.read_text())
+    return r["success_rate"], interval(r["success_rate"], r["success_ci_low"], r["success_ci_high"])
+
+
+def teacher_folder(base: list[str], tmp: Path) -> str:
+    """The oracle's warm-up (the preset's, same seed), exported: opd's teacher."""
+    run = tmp / "teacher"
+    rows, _ = train(base + ["warmup.demonstrator=oracle", "trainer.total_steps=0"], run)
+    print(f"  teacher (oracle warm-up): {val(rows[0], 'warmup/val')[1]}", flush=True)
+    cli(["export", f"trainer.checkpoint={run}", f"export.dir={run / 'hf'}"])
+    return str(run / "hf")
+
+
+def one_seed(args: argparse.Namespace, seed: int, extra: list[str], tmp: Path) -> dict:
+    base = [f"+experiment={args.preset}"] * bool(args.preset) + [f"seed={seed}", f"env.val_tasks={args.val_tasks}",
+                                                                 *extra]
+    methods = args.methods.split(",")
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise SystemExit(f"--methods: {unknown} unknown; choose from {', '.join(METHODS)}")
+    demo = [f"warmup.demonstrator={args.demonstrator}"]
+    out: dict = {"seed": seed, "rows": {}}
+    warm = tmp / f"warm_{seed}"
+    rows, wall = train(base + demo + ["trainer.total_steps=0"], warm)
+    first = rows[0]
+    W, steps = first["warmup/seconds"], int(first["warmup/steps"])
+    out.update(warmup_s=W, warmup_steps=steps, demo_success=first.get("warmup/demo_success"),
+               after_warmup=val(first, "warmup/val"))
+    budget = {}
+    for m in [m for m in ("grpo", "self_imitation", "opd") if m in methods]:
+        run = tmp / f"{m}_{seed}"
+        shutil.copytree(warm, run)
+        more = RL[m] + ([f"algorithm.teacher.path={args.teacher_path}"] if m == "opd" else [])
+        rows, wall = train(base + demo + ["trainer.resume=auto", *more], run)
+        R = sum(r["timing/step"] for r in rows if r["step"] > 0)
+        budget[m] = W + R
+        out["rows"][m] = {"val": val(rows[-1], "val"), "seconds": W + R, "steps": f"{steps} + {rows[-1]['step']} RL",
+                          "run": run}
+    total = budget.get("grpo") or max(budget.values(), default=W)
+    for m, keep in (("sft", "all"), ("filtered_bc", "success")):
+        if m not in methods:
+            continue
+        run = tmp / f"{m}_{seed}"
+        sft_steps = round(steps * total / W)
+        rows, wall = train(base + demo + ["trainer.total_steps=0", f"warmup.steps={sft_steps}", f"warmup.keep={keep}"],
+                           run)
+        out["rows"][m] = {"val": val(rows[0], "warmup/val"), "seconds": rows[0]["warmup/seconds"],
+                          "steps": f"{sft_steps} on {int(rows[0]['warmup/demonstrations'])} demos", "run": run}
+    if args.ood:
+        for m, row in out["rows"].items():
+            row["ood"] = ood(row["run"], args.ood)
+    for row in out["rows"].values():
+        row["run"] = str(row["run"])
+    return out
+
+
+def table(results: list[dict], args: argparse.Namespace) -> None:
+    print(f"\n{args.preset}, demonstrator {args.demonstrator}: greedy validation success on {args.val_tasks} tasks, "
+          f"95% Wilson interval in brackets\n")
+    ood_col = bool(args.ood)
     for r in results:
-        t = r["text"]
-        print(f"| {r['seed']} | {t['after_warmup']} ({r['warmup_steps']} steps) | {t['final']} ({r['rl_steps']} steps) "
-              f"| {r['gain']:+.3f} | {t['control']} ({r['control_steps']} steps) | "
-              f"{r['warmup_s']:.0f} / {r['rl_s']:.0f} / {r['control_s']:.0f} | "
-              f"{r['wall_s']:.0f}s, {r['control_wall_s']:.0f}s |")
+        print(f"seed {r['seed']}: demonstrator's own success {r['demo_success']:.3f}; after the warm-up "
+              f"{r['after_warmup'][1]} ({r['warmup_steps']} steps, {r['warmup_s']:.0f} s)\n")
+        print("| method | val success | seconds (warm-up + training) | steps |" + (" OOD success |" * ood_col))
+        print("|---|---|---|---|" + "---|" * ood_col)
+        for m in METHODS:
+            if m in r["rows"]:
+                row = r["rows"][m]
+                print(f"| {m} | {row['val'][1]} | {row['seconds']:.0f} | {row['steps']} |"
+                      + (f" {row['ood'][1]} |" * ood_col))
+        print()
     if len(results) > 1:
-        m = {k: statistics.mean(r[k] for r in results) for k in ("after_warmup", "final", "gain", "control")}
-        print(f"| mean | {m['after_warmup']:.3f} | {m['final']:.3f} | {m['gain']:+.3f} | {m['control']:.3f} | | |")
+        print("| method | mean val success over seeds |\n|---|---|")
+        for m in METHODS:
+            vals = [r["rows"][m]["val"][0] for r in results if m in r["rows"]]
+            if vals:
+                print(f"| {m} | {statistics.mean(vals):.3f} |")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="babyai_goto", help="an +experiment option ('': the embedded default)")
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--demonstrator", default="oracle", help="warmup.demonstrator: oracle or one the env offers")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--teacher", default="auto", help="opd's teacher: auto (the oracle's warm-up) or a model folder")
+    p.add_argument("--ood", nargs="*", default=[], help="overrides of an out-of-distribution validation")
     p.add_argument("--val-tasks", type=int, default=120)
     p.add_argument("--json", default=None)
     p.add_argument("--keep", default=None, help="a folder that keeps each run's folder (default: a temporary one)")
@@ -105,8 +174,13 @@ def main() -> None:
         runs.mkdir(parents=True, exist_ok=True)
         for seed in [int(s) for s in args.seeds.split(",")]:
             print(f"seed {seed}", flush=True)
-            results.append(one_seed(args.preset, seed, args.val_tasks, extra, runs))
-    table(results, args.val_tasks)
+            base = [f"+experiment={args.preset}"] * bool(args.preset) + [f"seed={seed}",
+                                                                         f"env.val_tasks={args.val_tasks}", *extra]
+            args.teacher_path = args.teacher
+            if "opd" in args.methods.split(",") and args.teacher == "auto":
+                args.teacher_path = teacher_folder(base, runs / f"seed_{seed}")
+            results.append(one_seed(args, seed, extra, runs))
+    table(results, args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
