@@ -50,6 +50,18 @@ class Plain:
         return action
 
 
+class ThirdEnv(EvenEnv):
+    """One turn: success (reward 1) on every third task, whatever the reply."""
+
+    def reset(self, task_id=None, seed=None):
+        self.task = int(task_id)
+        return f"task {task_id}"
+
+    def step(self, action):
+        won = self.task % 3 == 0
+        return StepResult("ok", float(won), True, {"success": won})
+
+
 def last_token(reward, turn_rewards, segments, length):
     out = [0.0] * length
     out[segments[-1][1] - 1] = float(reward)
@@ -134,3 +146,42 @@ def test_opd_without_a_teacher_and_a_teacher_that_is_no_model_are_one_line(tmp_p
         load(["algorithm=opd"])
     with pytest.raises(ConfigError, match=rf"^algorithm.teacher.path={tmp_path}: not a model folder"):
         load(["algorithm=opd", f"algorithm.teacher.path={tmp_path}"])
+
+
+def test_the_model_demonstrator_keeps_a_folders_greedy_episodes_with_their_rewards(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from openmanus_rl_core.config.loading import load
+    from openmanus_rl_core.models.loading import load_tokenizer
+    from openmanus_rl_core.rollout import ChatDelta
+    from openmanus_rl_core.run.warmup import model_demonstrations
+
+    folder = save_tiny("llama", tmp_path / "demonstrator", seed=0)
+    tok = load_tokenizer(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder))
+    chat = ChatDelta(tok)
+    reply = tok.encode("take key", add_special_tokens=False) + list(chat.end_ids)
+    prompts = [chat.prompt_ids("Reply.", f"task {t}", None) for t in range(4)]
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):  # a few steps teach the random model to answer "take key", so that it acts at all
+        loss = sum(torch.nn.functional.cross_entropy(model(torch.tensor([p + reply])).logits[0, len(p) - 1:-1],
+                                                     torch.tensor(reply)) for p in prompts)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval().save_pretrained(str(folder))
+
+    cfg = load(["warmup.demonstrator=model", f"warmup.model_path={folder}", "env.max_turns=1",
+                "rollout.max_new_tokens=6"])
+    tasks = [{"task_id": t, "seed": 0} for t in range(12)]
+    shown = model_demonstrations(cfg, ThirdEnv, Plain(), tasks)
+    greedy = AgentLoop(HFEngine(model, tok, seed=5), tok, Plain(), ThirdEnv,
+                       RolloutConfig(max_turns=1, max_new_tokens=6, greedy=True, n=1))
+    replies = [e.trajectory.turns[0].action.content for e in greedy.run(expand_tasks(tasks, 1))]
+    assert replies == ["take key"] * 12
+    assert [t["task_id"] for t in shown] == list(range(12))
+    assert [t["demonstration"]["steps"] for t in shown] == [[("take key", "ok")]] * 12  # the folder's greedy play
+    for t in shown:  # successes and failures alike, each with its reward
+        demo = t["demonstration"]
+        assert demo["observation"] == f"task {t['task_id']}"
+        assert demo["success"] == (t["task_id"] % 3 == 0) and demo["reward"] == float(demo["success"])

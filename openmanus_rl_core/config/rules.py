@@ -80,15 +80,19 @@ def _rule_overlap_update(c: Config) -> str | None:
     return None if why is None else f"rollout.overlap_update=true does not work with {why}"
 
 
-def _rule_teacher(c: Config) -> str | None:
+def _rule_model_folders(c: Config) -> str | None:
     from pathlib import Path
 
     teacher = c.algorithm.teacher.path
     if c.algorithm.adv_estimator == "opd" and not teacher:
         return ("algorithm.teacher.path=None: algorithm.adv_estimator=opd learns from a teacher's log-probs; set it to "
                 "a model folder with the policy's tokenizer (openmanus-rl export writes one)")
-    if teacher and not (Path(teacher) / "config.json").is_file():
-        return f"algorithm.teacher.path={teacher}: not a model folder (no config.json there)"
+    if c.warmup.demonstrator == "model" and not c.warmup.model_path:
+        return ("warmup.model_path=None: warmup.demonstrator=model plays the demonstrations with a model; set it to "
+                "a model folder (openmanus-rl export writes one)")
+    for key, folder in (("algorithm.teacher.path", teacher), ("warmup.model_path", c.warmup.model_path)):
+        if folder and not (Path(folder) / "config.json").is_file():
+            return f"{key}={folder}: not a model folder (no config.json there)"
     return None
 
 
@@ -101,4 +105,4 @@ def _rule_agent(c: Config) -> str | None:
 
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
 RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_correction,
-         _rule_replicate_precision, _rule_overlap_update, _rule_teacher, _rule_agent)
+         _rule_replicate_precision, _rule_overlap_update, _rule_model_folders, _rule_agent)

@@ -330,7 +330,9 @@ class WarmupConfig:
     grad_clip: float = opt(1.0, "clip_grad_norm_ max norm (0: off)", ge=0)
     num_demos: Optional[int] = opt(None, "demonstrations from the first N training tasks (null: all)", ge=1)
     demonstrator: str = opt("oracle", "who plays the tasks without a demonstration of their own: oracle (the env's "
-                                      "oracle_action) or a systematic demonstrator the env offers (its demonstrators)")
+                                      "oracle_action), model (warmup.model_path, greedily) or a systematic "
+                                      "demonstrator the env offers (its demonstrators)")
+    model_path: Optional[str] = opt(None, "warmup.demonstrator=model: the model folder that plays the demonstrations")
     keep: str = opt("all", "which demonstrations train: all (successes and failures) or success (filtered BC)",
                     choices=("all", "success"))
     validate: bool = opt(True, "validate right after the warm-up (warmup/val/* metrics at step 0)")

@@ -34,7 +34,7 @@ from openmanus_rl_core.plugin.envs import undelayed
 from openmanus_rl_core.process.alive import Alive
 from openmanus_rl_core.run.validation import validate
 
-__all__ = ["oracle_episode", "demonstrator_policy", "play_episode", "task_demonstration", "build_corpus", "build_demonstrations", "demo_batch",
+__all__ = ["oracle_episode", "demonstrator_policy", "play_episode", "model_demonstrations", "task_demonstration", "build_corpus", "build_demonstrations", "demo_batch",
            "run_warmup"]
 
 
@@ -145,6 +145,37 @@ def chat_transcripts(env_factory: Callable[[], Any], template: Any, tasks: Seque
             if env is not None:
                 env.close()
     return texts
+
+
+def model_demonstrations(cfg: Any, env_factory: Callable[[], Any], template: Any,
+                         tasks: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """``tasks``, each with the episode a model folder (``warmup.model_path``, e.g. a checkpoint exported with
+    ``openmanus-rl export``, with its own tokenizer) plays greedily with the hf engine as its ``demonstration``
+    (``{"observation", "steps", "reward", "success"}``): the ``model`` demonstrator, successes and failures alike.
+    A task whose episode has no turn (an env error) gets none."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM
+
+    from openmanus_rl_core.models.loading import _dtype, load_tokenizer
+    from openmanus_rl_core.plugin.registry import build
+    from openmanus_rl_core.rollout import AgentLoop, expand_tasks
+
+    path = cfg.warmup.model_path
+    tok = load_tokenizer(path, cfg.model.chat_template)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=_dtype(cfg.model.dtype)).eval()
+    engine = build("engine", {"name": "hf", "kwargs": {}}, model=model, tokenizer=tok, device="cpu", seed=cfg.seed)
+    loop = AgentLoop(engine, tok, template, undelayed(env_factory), dataclasses.replace(cfg.rollout, n=1, greedy=True),
+                     memory=build("memory", cfg.memory))
+    episodes = loop.run(expand_tasks([dict(t, group_id=f"demo:{i}") for i, t in enumerate(tasks)], 1))
+    out = []
+    for task, episode in zip(tasks, episodes):  # the loop returns them in task order
+        played = episode.trajectory
+        steps = [(turn.action.content, turn.observation) for turn in played.turns]
+        out.append(dict(task, demonstration={
+            "observation": played.initial_observation, "steps": steps, "success": bool(played.success),
+            "reward": float(sum(turn.reward for turn in played.turns))}) if steps else dict(task))
+    return out
 
 
 def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenizer: Any,
@@ -302,8 +333,12 @@ def warm_up(trainer: Any) -> dict[str, float]:
     # Demonstrations come from the training tasks only (never the validation tasks).
     demo_tasks = trainer.train_tasks[:wcfg.num_demos or len(trainer.train_tasks)]
     played: list[dict] = []
+    demonstrator = wcfg.demonstrator
+    if demonstrator == "model":  # the model plays every task first: each then carries its own demonstration
+        demo_tasks, demonstrator = model_demonstrations(trainer.cfg, trainer.env_factory, trainer.template,
+                                                        demo_tasks), "oracle"
     demos = build_demonstrations(trainer.env_factory, trainer.template, trainer.tokenizer, demo_tasks,
-                                 trainer.cfg.rollout.max_turns, log=trainer.log, demonstrator=wcfg.demonstrator,
+                                 trainer.cfg.rollout.max_turns, log=trainer.log, demonstrator=demonstrator,
                                  keep=wcfg.keep, played=played)
     if not demos:
         trainer.can_warm_up = False
