@@ -13,7 +13,6 @@ import random
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import textarena as ta
@@ -30,7 +29,6 @@ from openmanus_rl_core.testing.common import hostile_texts
 from openmanus_rl_env_textarena import DEFAULT_INSTRUCTION, TextArenaEnv, games
 from openmanus_rl_env_textarena.oracles import _hanoi
 
-BIN = Path(sys.executable).parent
 HANOI_BOARD = re.compile(r"A: \[([\d, ]*)\]\nB: \[([\d, ]*)\]\nC: \[([\d, ]*)\]")
 
 
@@ -317,10 +315,10 @@ def test_a_game_with_settings_plays_with_them():
                                                   "did you mean GuessTheNumber-v0"),
     ("rollout", "env.kwargs.game=Chopsticks-v0", "env.kwargs.game=Chopsticks-v0: a two-player game of TextArena"),
 ])
-def test_a_bad_game_stops_the_command_with_exit_2_in_one_line_before_a_run_folder(command, override, says, tmp_path):
+def test_a_bad_game_stops_the_command_with_exit_2_in_one_line_before_a_run_folder(command, override, says, tmp_path,
+                                                                                    command_here):
     folder = {"train": f"trainer.run_dir={tmp_path / 'out'}", "rollout": f"rollout.output_dir={tmp_path / 'out'}"}
-    proc = subprocess.run([str(BIN / "openmanus-rl"), command, "env=textarena", override, folder[command]],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = command_here([command, "env=textarena", override, folder[command]])  # the console script's main, here
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and says in lines[0], proc.stderr
@@ -336,15 +334,15 @@ SMALL = ["trainer.progress=false", "trainer.loggers=[]", "trainer.num_cpus=1", "
 
 
 @pytest.mark.slow
-def test_guess_the_number_trains_three_steps_from_the_command_line_on_textarenas_reward(tmp_path):
+def test_guess_the_number_trains_three_steps_from_the_command_line_on_textarenas_reward(tmp_path, ray_local,
+                                                                                      command_here):
     """3 GRPO steps of the tiny model (after the oracle's warm-up) on GuessTheNumber with 4 guesses; every
-    validation episode's goal reward is TextArena's own result for that episode's moves."""
+    validation episode's goal reward is TextArena's own result for that episode's moves. The command runs in this
+    process (the console script's main) on the module's local Ray."""
     run = tmp_path / "run"
-    proc = subprocess.run([str(BIN / "openmanus-rl"), "train", "env=textarena", "reward=textarena",
-                           "env.kwargs.game=GuessTheNumber-v0", "env.kwargs.config.max_turns=4", "env.max_turns=8",
-                           "trainer.total_steps=3", *SMALL, f"trainer.run_dir={run}"],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
+    proc = command_here(["train", "env=textarena", "reward=textarena", "env.kwargs.game=GuessTheNumber-v0",
+                         "env.kwargs.config.max_turns=4", "env.max_turns=8", "trainer.total_steps=3", *SMALL,
+                         f"trainer.run_dir={run}"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "warm-up skipped" not in proc.stdout  # the binary-search oracle gave the warm-up its demonstrations
     rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
