@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import reasoning_gym
@@ -26,7 +25,6 @@ from openmanus_rl_core.rollout import AgentLoop, RolloutConfig
 from openmanus_rl_core.testing import ScriptedEngine, check_env, check_oracle
 from openmanus_rl_env_reasoning_gym import DEFAULT_INSTRUCTION, ReasoningGymEnv, datasets
 
-BIN = Path(sys.executable).parent
 MIX = {"leg_counting": 1, "spell_backward": 1, "chain_sum": 1}
 
 
@@ -283,10 +281,9 @@ def test_a_mix_checks_each_datasets_settings():
               "env.kwargs.config={chain_sum:{max_term:3}}"], training=False)
 
 
-def test_an_unknown_dataset_stops_the_command_with_exit_2_before_a_run_folder(tmp_path):
-    proc = subprocess.run([str(BIN / "openmanus-rl"), "train", "env=reasoning_gym", "env.kwargs.dataset=leg_countin",
-                           f"trainer.run_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+def test_an_unknown_dataset_stops_the_command_with_exit_2_before_a_run_folder(tmp_path, command_here):
+    proc = command_here(["train", "env=reasoning_gym", "env.kwargs.dataset=leg_countin",
+                         f"trainer.run_dir={tmp_path / 'run'}"])  # the console script's main, in this process
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "env.kwargs.dataset=leg_countin: not a Reasoning Gym dataset" in lines[0]
@@ -317,13 +314,14 @@ def test_items_are_the_same_in_every_process_and_hash_dependent_datasets_need_a_
 
 
 # ------------------------------------------------------------------------------ trained from the command line
-def train_from_the_command_line(tmp_path, *overrides):
+def train_from_the_command_line(command_here, tmp_path, *overrides):
     """A 2-step GRPO run of the tiny model (the small settings of the other env plugins' command-line runs), with
-    reward=reasoning_gym. Returns (metrics records, validation episodes of the last step, seconds)."""
+    reward=reasoning_gym, run in this process (the console script's main, on the module's local Ray). Returns
+    (metrics records, validation episodes of the last step, seconds)."""
     import time
 
     run_dir = tmp_path / "run"
-    cmd = [str(BIN / "openmanus-rl"), "train", "env=reasoning_gym", "reward=reasoning_gym", *overrides,
+    cmd = ["train", "env=reasoning_gym", "reward=reasoning_gym", *overrides,
            "env.train_tasks=64", "env.val_tasks=8", "trainer.total_steps=2", "data.train_batch_size=4",
            "algorithm.n=2", "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
            "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
@@ -331,8 +329,7 @@ def train_from_the_command_line(tmp_path, *overrides):
            "warmup.validate=false", "trainer.num_workers=1", "trainer.loggers=[]", "trainer.progress=false",
            "trainer.save_at_end=false", f"trainer.run_dir={run_dir}"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=tmp_path,
-                          env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
+    proc = command_here(cmd)
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -364,22 +361,22 @@ def check_run(records, episodes, dataset, config, max_turns=1):
 
 
 @pytest.mark.slow
-def test_leg_counting_trains_from_the_command_line(tmp_path):
-    records, episodes, _ = train_from_the_command_line(tmp_path, "env.kwargs.dataset=leg_counting",
+def test_leg_counting_trains_from_the_command_line(tmp_path, ray_local, command_here):
+    records, episodes, _ = train_from_the_command_line(command_here, tmp_path, "env.kwargs.dataset=leg_counting",
                                                        "env.kwargs.config.max_animals=3")
     check_run(records, episodes, "leg_counting", {"max_animals": 3})
 
 
 @pytest.mark.long
-def test_spell_backward_trains_from_the_command_line(tmp_path):
-    records, episodes, _ = train_from_the_command_line(tmp_path, "env.kwargs.dataset=spell_backward",
+def test_spell_backward_trains_from_the_command_line(tmp_path, ray_local, command_here):
+    records, episodes, _ = train_from_the_command_line(command_here, tmp_path, "env.kwargs.dataset=spell_backward",
                                                        "env.kwargs.config.max_word_len=5")
     check_run(records, episodes, "spell_backward", {"max_word_len": 5})
 
 
 @pytest.mark.long
-def test_chain_sum_with_three_attempts_trains_from_the_command_line(tmp_path):
-    records, episodes, _ = train_from_the_command_line(tmp_path, "env.kwargs.dataset=chain_sum",
+def test_chain_sum_with_three_attempts_trains_from_the_command_line(tmp_path, ray_local, command_here):
+    records, episodes, _ = train_from_the_command_line(command_here, tmp_path, "env.kwargs.dataset=chain_sum",
                                                        "env.kwargs.config.max_terms=2", "env.max_turns=3")
     check_run(records, episodes, "chain_sum", {"max_terms": 2}, max_turns=3)
 
