@@ -52,8 +52,9 @@ def main() -> None:
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     print("| samples per step | step without the dump (s) | dump (ms) | dump file (KiB) | dump / step | target |")
     print("|---:|---:|---:|---:|---:|---|")
+    runs = ", ".join(f"{100 * r['share']:.2f}%" for r in results)
     print(f"| {med['samples']:.0f} | {med['step_s']:.2f} | {med['dump_ms']:.1f} | {med['kib']:.0f} | "
-          f"{100 * med['share']:.2f}% (runs: {', '.join(f'{100 * r['share']:.2f}%' for r in results)}) | <= 5% |")
+          f"{100 * med['share']:.2f}% (runs: {runs}) | <= 5% |")
 
 
 if __name__ == "__main__":
