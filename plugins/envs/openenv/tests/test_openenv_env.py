@@ -358,14 +358,12 @@ def test_an_unreachable_url_and_a_missing_source_are_one_line():
         load(["env=openenv"], training=False)
 
 
-def test_the_command_line_stops_with_exit_2_naming_the_value_before_a_run_folder(tmp_path):
+def test_the_command_line_stops_with_exit_2_naming_the_value_before_a_run_folder(tmp_path, command_here):
     port = free_port()
     for override, said in ((f"env.kwargs.url=http://127.0.0.1:{port}", f"env.kwargs.url=http://127.0.0.1:{port}: "
                             "no OpenEnv server answers GET /health"),
                            ("env.kwargs.package=requests", "env.kwargs.package=requests: not an OpenEnv env")):
-        proc = subprocess.run([str(BIN / "openmanus-rl"), "train", "env=openenv", override,
-                               f"trainer.run_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300,
-                              cwd=tmp_path)
+        proc = command_here(["train", "env=openenv", override, f"trainer.run_dir={tmp_path / 'run'}"])  # here
         assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
         lines = [x for x in proc.stderr.splitlines() if x.strip()]
         assert len(lines) == 1 and said in lines[0], lines
@@ -380,13 +378,17 @@ SMALL = ["env.train_tasks=32", "env.val_tasks=4", "env.max_turns=3", "data.train
          "trainer.progress=false", "trainer.save_at_end=false", "trainer.save_freq=0"]
 
 
+def _train_args(tmp_path: Path, words_package: str, *extra: str) -> list[str]:
+    """``openmanus-rl train`` on the Words package (its arguments after the command's name)."""
+    return ["train", "env=openenv", "reward=openenv", f"env.kwargs.package={words_package}",
+            f"env.kwargs.log_dir={tmp_path / 'servers'}", f"trainer.run_dir={tmp_path / 'run'}", *SMALL, *extra]
+
+
 def _train(tmp_path: Path, words_package: str, *extra: str) -> subprocess.Popen:
-    """``openmanus-rl train`` on the Words package, its output in ``tmp_path/out.txt``."""
+    """``openmanus-rl train`` on the Words package in a process of its own, its output in ``tmp_path/out.txt``."""
     with open(tmp_path / "out.txt", "w") as out:
         return subprocess.Popen(
-            [str(BIN / "openmanus-rl"), "train", "env=openenv", "reward=openenv",
-             f"env.kwargs.package={words_package}", f"env.kwargs.log_dir={tmp_path / 'servers'}",
-             f"trainer.run_dir={tmp_path / 'run'}", *SMALL, *extra],
+            [str(BIN / "openmanus-rl"), *_train_args(tmp_path, words_package, *extra)],
             stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
             env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
 
@@ -396,10 +398,12 @@ def _server_ports(tmp_path: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_trains_3_steps_from_the_command_line_on_the_served_package_and_leaves_no_server(words_package, tmp_path):
-    proc = _train(tmp_path, words_package, "trainer.total_steps=3")
-    proc.wait(timeout=600)
-    assert proc.returncode == 0, (tmp_path / "out.txt").read_text()[-4000:]
+def test_trains_3_steps_from_the_command_line_on_the_served_package_and_leaves_no_server(words_package, tmp_path,
+                                                                                         ray_local, command_here):
+    """The command runs in this process (the console script's main, on the module's local Ray): the servers it
+    started are stopped by the run itself, not by its process's exit."""
+    proc = command_here(_train_args(tmp_path, words_package, "trainer.total_steps=3"))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     train = [r for r in records if "train/reward_mean" in r]
     assert [r["step"] for r in train] == [1, 2, 3]

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +28,6 @@ from openmanus_rl_env_openenv import OpenEnvEnv
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("med_safety_gym") is None,
                                 reason="openenv-dipg-safety is not installed (the plugin's `published` extra)")
 
-BIN = Path(sys.executable).parent
 APP = "med_safety_gym.app:app"
 ITEMS = [  # context, question, proof, expected final answer: DIPG's dataset format (its XML-tag variant)
     ("Trial A gave drug X to 12 children with DIPG. Median survival was 13 months.", "Which drug did trial A give?",
@@ -107,17 +104,15 @@ def test_dipg_played_through_the_plugin_gets_dipgs_own_rewards(dataset, referenc
         service.close()
 
 
-def test_dipg_rollout_from_the_command_line_with_its_real_rewards(dataset, reference, tmp_path):
+def test_dipg_rollout_from_the_command_line_with_its_real_rewards(dataset, reference, tmp_path, command_here):
     out_dir = tmp_path / "rollout"
-    proc = subprocess.run(
-        [str(BIN / "openmanus-rl"), "rollout", "env=openenv", "reward=openenv", f"env.kwargs.app={APP}",
+    proc = command_here(  # the console script's main, in this process
+        ["rollout", "env=openenv", "reward=openenv", f"env.kwargs.app={APP}",
          f"+env.kwargs.server_env.DIPG_DATASET_PATH={dataset}", "+env.kwargs.server_env.HF_HUB_OFFLINE=1",
          "+env.kwargs.server_env.HF_DATASETS_OFFLINE=1", "env.kwargs.sessions=2", "env.max_turns=1",
          "rollout.num_tasks=4", "rollout.n=1", "rollout.batch_size=2", "rollout.max_new_tokens=16",
          "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
-         "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400", f"rollout.output_dir={out_dir}"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-        env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
+         "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400", f"rollout.output_dir={out_dir}"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     episodes = [json.loads(x) for x in (out_dir / "trajectories.jsonl").read_text().splitlines() if x.strip()]
     assert len(episodes) == 4
