@@ -443,8 +443,13 @@ def _kill_after_step_2(cmd: list[str], run_dir: Path, env: dict) -> None:
     proc.wait(timeout=60)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_path, cli_env, uninterrupted):
+    """make test covers this end to end in two default tests: tests/test_dumps.py's
+    test_across_a_kill_each_task_is_trained_n_times_in_the_samplers_order_none_lost_none_twice (a run killed with
+    kill -9, resumed from what the kill left on disk, trains each task exactly once) and
+    test_auto_resume_falls_back_from_a_refused_newest_checkpoint here (a run resumed from step 2's checkpoint, its
+    metrics.jsonl cut back to step 2, ends equal to the uninterrupted run, every value)."""
     full, killed = uninterrupted, tmp_path / "killed"
 
     # The same run, killed (the whole process group: driver, Ray and its workers) once step 2's checkpoint exists.
