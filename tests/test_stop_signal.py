@@ -125,7 +125,9 @@ OWN = [a for a in SMALL if a != "env=key_door"] + ["env=word_copy", "trainer.tot
 def test_sigterm_in_the_warm_up_then_the_printed_command_continues_the_same_run(tmp_path, cli_env, ray_local,
                                                                                 command_here):
     run = tmp_path / "run"
-    status, seconds, text = _signal_when([CLI, "train", *OWN, f"trainer.run_dir={run}", "warmup.steps=300"],
+    # the signal comes at the warm-up's first step: 60 steps leave it seconds to arrive, and the continued run redoes
+    # all of them
+    status, seconds, text = _signal_when([CLI, "train", *OWN, f"trainer.run_dir={run}", "warmup.steps=60"],
                                          "warm-up step 1/", signal.SIGTERM, tmp_path / "out.txt", cli_env)
     assert status == 143, text[-3000:]
     assert seconds < 30, seconds
@@ -138,10 +140,10 @@ def test_sigterm_in_the_warm_up_then_the_printed_command_continues_the_same_run(
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"trainer.resume=auto: {run} holds no checkpoint; the run starts again from its beginning" in out.stdout
     assert "changed on resume" not in out.stdout and "built the tiny model" not in out.stdout  # the same folder
-    assert "warm-up 300 steps at lr" in out.stdout and "warm-up: 300 steps in" in out.stdout  # its own warm-up
+    assert "warm-up 60 steps at lr" in out.stdout and "warm-up: 60 steps in" in out.stdout  # its own warm-up
     assert (run / "config.json").read_bytes() == record and not (run / "config_history.jsonl").exists()
     saved = torch_load_meta(run / "checkpoints" / "step_000001")
-    assert saved["config"]["env"]["name"] == "word_copy" and saved["config"]["warmup"]["steps"] == 300
+    assert saved["config"]["env"]["name"] == "word_copy" and saved["config"]["warmup"]["steps"] == 60
     assert saved["config"]["trainer"]["total_steps"] == 1
 
 
