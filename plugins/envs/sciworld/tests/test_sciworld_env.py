@@ -136,15 +136,16 @@ def _tokenizer(env, tasks):
     return build_tokenizer(texts, vocab_size=600)
 
 
-def test_oracle_through_the_rollout_loop_on_8_dev_tasks():
+def test_oracle_through_the_rollout_loop_on_4_dev_tasks():
+    """The first 4 dev tasks (about 100 oracle turns; the first 8, 214 turns, all won too), each won."""
     env = SciWorldEnv()
-    tasks = [{"task_id": env.num_train + k, "seed": 0} for k in range(8)]
+    tasks = [{"task_id": env.num_train + k, "seed": 0} for k in range(4)]
     template = registry("template").build("react")
     trajs = oracle_rollout(SciWorldEnv, tasks, template, _tokenizer(env, tasks), max_turns=CONFIG["max_turns"],
                            max_prompt_tokens=4096, max_response_tokens=500_000, max_obs_tokens=4096,
                            env_timeout_s=300)  # a JVM's first start takes a minute on a loaded machine
     wins = [bool(t.turns) and t.turns[-1].info.get("success") is True for t in trajs]
-    assert sum(wins) >= 7, [(t.task_id, t.termination, t.num_turns, t.turns[-1].info) for t in trajs]
+    assert sum(wins) == 4, [(t.task_id, t.termination, t.num_turns, t.turns[-1].info) for t in trajs]
     assert POOL.pids() == []
 
 
