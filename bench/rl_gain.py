@@ -59,8 +59,15 @@ def cli(args: list[str]) -> float:
 
 
 def train(overrides: list[str], run_dir: Path) -> tuple[list[dict], float]:
-    """One ``openmanus-rl train``: its metrics rows and its wall time."""
-    wall = cli(["train", *QUIET, *overrides, f"trainer.run_dir={run_dir}"])
+    """One ``openmanus-rl train``: its metrics rows and its wall time. A run that finished in an earlier call with
+    the same ``--keep`` folder is read, not run again."""
+    done = run_dir / "bench_wall_s"
+    if done.exists():
+        print(f"  {run_dir.name}: finished before, read", flush=True)
+        wall = float(done.read_text())
+    else:
+        wall = cli(["train", *QUIET, *overrides, f"trainer.run_dir={run_dir}"])
+        done.write_text(f"{wall}")
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()], wall
 
 
@@ -76,7 +83,8 @@ def val(row: dict, prefix: str) -> tuple[float, str]:
 def ood(run_dir: Path, overrides: list[str]) -> tuple[float, str]:
     """The run's last checkpoint scored by ``openmanus-rl eval`` under ``overrides``."""
     out = run_dir / "ood.json"
-    cli(["eval", f"trainer.checkpoint={run_dir}", f"trainer.eval_output={out}", *overrides])
+    if not out.exists():
+        cli(["eval", f"trainer.checkpoint={run_dir}", f"trainer.eval_output={out}", *overrides])
     r = json.loads(out.read_text())
     return r["success_rate"], interval(r["success_rate"], r["success_ci_low"], r["success_ci_high"])
 
@@ -86,7 +94,8 @@ def teacher_folder(base: list[str], tmp: Path) -> str:
     run = tmp / "teacher"
     rows, _ = train(base + ["warmup.demonstrator=oracle", "trainer.total_steps=0"], run)
     print(f"  teacher (oracle warm-up): {val(rows[0], 'warmup/val')[1]}", flush=True)
-    cli(["export", f"trainer.checkpoint={run}", f"export.dir={run / 'hf'}"])
+    if not (run / "hf").exists():
+        cli(["export", f"trainer.checkpoint={run}", f"export.dir={run / 'hf'}"])
     return str(run / "hf")
 
 
@@ -108,7 +117,8 @@ def one_seed(args: argparse.Namespace, seed: int, extra: list[str], tmp: Path) -
     budget = {}
     for m in [m for m in ("grpo", "self_imitation", "opd") if m in methods]:
         run = tmp / f"{m}_{seed}"
-        shutil.copytree(warm, run)
+        if not run.exists():
+            shutil.copytree(warm, run, ignore=shutil.ignore_patterns("bench_wall_s", "ood.json"))
         more = RL[m] + ([f"algorithm.teacher.path={args.teacher_path}"] if m == "opd" else [])
         rows, wall = train(base + demo + ["trainer.resume=auto", *more], run)
         R = sum(r["timing/step"] for r in rows if r["step"] > 0)
