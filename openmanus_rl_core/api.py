@@ -65,7 +65,7 @@ def train(overrides: Sequence[str] | None = None, *, rewards: Mapping[str, Any] 
     :class:`~openmanus_rl_core.config.loading.ConfigError` for a bad setting, and ``KeyboardInterrupt`` when a signal stopped
     the run (its checkpoint is saved)."""
     from openmanus_rl_core.cli import prepare
-    from openmanus_rl_core.commands.train import run
+    from openmanus_rl_core.commands.train import resumable_dir, run
 
     overrides = list(overrides or [])
     if env is not None:
@@ -74,7 +74,7 @@ def train(overrides: Sequence[str] | None = None, *, rewards: Mapping[str, Any] 
     typed, kwargs = prepare("train", overrides, rewards=specs)
     status, final, trainer = run(typed, kwargs.get("changes"), rewards=specs)
     if status:
-        run_dir = getattr(trainer, "run_dir", None)  # None: stopped before the run folder was made
+        run_dir = resumable_dir(trainer)
         if run_dir is None:
             raise KeyboardInterrupt("training stopped by a signal before the run started; nothing to continue")
         raise KeyboardInterrupt(f"training stopped by a signal; continue with omrl.train("

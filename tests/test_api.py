@@ -81,7 +81,7 @@ def _sigterm_here(trainer) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("when", ["in the step loop", "before the run folder"])
+@pytest.mark.parametrize("when", ["in the step loop", "before the run folder", "before the run's settings"])
 def test_train_stopped_by_sigterm_raises_and_does_not_return_metrics(when, tmp_path, monkeypatch, capsys):
     """A real SIGTERM to this process (set-up and fit stubbed: no Ray, no model): ``train`` raises, with the command
     that continues the run when there is one; the metrics the loop had are not handed back as if it ended."""
@@ -97,6 +97,9 @@ def test_train_stopped_by_sigterm_raises_and_does_not_return_metrics(when, tmp_p
             _sigterm_here(self)  # the handler raises KeyboardInterrupt at once: nothing to save
         self.run_dir = run
         run.mkdir()
+        if when == "before the run's settings":  # the folder made, config.json (what a resume composes) not yet
+            _sigterm_here(self)
+        (run / "config.json").write_text("{}")  # the run's settings recorded: a stop from here can continue
 
     def fit(self):
         self.stop.interrupt = False  # in the step loop: the signal asks, the loop stops between steps

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from openmanus_rl_core.checkpoint.store import list_checkpoints, step_of
@@ -76,11 +77,18 @@ def run(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None,
     return 0, final, trainer
 
 
+def resumable_dir(trainer: Trainer) -> Path | None:
+    """The stopped run's folder, once it records the run's settings (config.json, which a resume composes); None
+    before that: nothing of the run to continue."""
+    run_dir = getattr(trainer, "run_dir", None)
+    return run_dir if run_dir is not None and (run_dir / "config.json").exists() else None
+
+
 def stopped_line(trainer: Trainer, elapsed: float) -> str:
     """The one line a stopped run ends with: the signal, what is kept, and the command that continues it."""
     name = signal.Signals(trainer.stop.requested).name
-    run_dir = getattr(trainer, "run_dir", None)
-    if run_dir is None:  # before the run folder was made: nothing of the run exists yet
+    run_dir = resumable_dir(trainer)
+    if run_dir is None:
         return f"stopped by {name} after {elapsed:.0f}s, before the run started; nothing to continue"
     ckpts = list_checkpoints(run_dir)
     kept = f"steps up to {ckpts[-1][0]} are in {ckpts[-1][1]}" if ckpts else "no step completed"

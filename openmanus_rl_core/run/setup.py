@@ -69,10 +69,10 @@ def setup(trainer: Any) -> None:
     check_model(cfg.model)  # before anything is created: a bad model or tokenizer is one clear message
     trainer.run_dir = make_run_dir(cfg)
     trainer.resume_path, trainer._resume_state = resume_point(trainer.run_dir, cfg.trainer.resume, trainer.log)
-    trainer.log(recipe_line(cfg, resumed_from=trainer.resume_path))
     if not (trainer.run_dir / "config.json").exists():  # the record of the run's first settings, never rewritten
         settings = {**dataclasses.asdict(cfg), RECORD_KEY: record(trainer.python_rewards)}
         (trainer.run_dir / "config.json").write_text(json.dumps(settings, indent=2, default=str))
+    trainer.log(recipe_line(cfg, resumed_from=trainer.resume_path))  # after the record: a stop from here continues
     trainer.pm = make_plugin_manager()
 
     # The env's servers: checked (or started, by this process only) before any model or tokenizer is built.
