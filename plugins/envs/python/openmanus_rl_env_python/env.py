@@ -20,7 +20,9 @@ One instance per episode: ``reset`` builds ``Class(**init)`` afresh, then calls 
 mappings), else the class's own ``tasks`` attribute: ``reset(**tasks[t])`` (``num_tasks`` is their count, so
 generated ids wrap around it; ``t=None`` picks one with seed ``s``). Without a list: ``reset(task_id=t, seed=s)``,
 each only where ``reset`` takes it (by name, or ``**kwargs``), so a class that draws its own task from the seed needs
-nothing more.
+nothing more. **A task file's own columns** (``data.train_files``: a dataset with, say, ``question`` and ``answer``
+columns, as TRL's environments read theirs) go to ``reset`` too, over the kwargs above: each column ``reset`` names,
+and with ``**kwargs`` every column but the core's bookkeeping (:data:`BOOKKEEPING`); a null is left out.
 
 **A step**: ``Env.step`` receives the canonical call text ``{"name": ..., "arguments": {...}}`` that the tool-calling
 templates (``qwen_tools``, ``llama3_tools``, ``hermes_tools``) write. Anything else (a reply that is not a call, an
@@ -48,6 +50,9 @@ from openmanus_rl_env_python.schema import SchemaError, check_value, function_sc
 __all__ = ["PythonEnv", "ClassSpec", "load_class", "class_spec", "RESERVED"]
 
 RESERVED = ("reset", "get_reward", "close")
+# Task-row columns the core keeps for itself: a ``reset(**kwargs)`` is not given them (one that names them is).
+BOOKKEEPING = frozenset({"env", "task_id", "seed", "split", "data_source", "source", "extra", "group_id",
+                         "demonstration", "observation", "uid", "index"})
 """Public names that are part of the contract, not tools."""
 
 
@@ -236,8 +241,19 @@ class PythonEnv:
 
     def reset(self, task_id: int | None = None, seed: int | None = None) -> str:
         """A fresh instance, started with the task's kwargs (module docstring); its first observation."""
+        return self._start(self._task(task_id, seed))
+
+    def start_task(self, task: dict[str, Any]) -> str:
+        """Start a task row: :meth:`reset`'s kwargs, with the row's own columns that ``reset`` takes over them."""
+        kwargs = self._task(task.get("task_id"), task.get("seed"))
+        for column, value in task.items():
+            named = column in self.spec.reset_names and column not in ("task_id", "seed")
+            if value is not None and (named or (self.spec.reset_open and column not in BOOKKEEPING)):
+                kwargs[column] = value
+        return self._start(kwargs)
+
+    def _start(self, task: dict[str, Any]) -> str:
         self._close_instance()
-        task = self._task(task_id, seed)
         self._obj = self.spec.cls(**self._init)
         first = self._obj.reset(**task)
         self._score, self._done = 0.0, False

@@ -233,6 +233,33 @@ def test_where_task_kwargs_come_from():
     assert built.reset() and isinstance(built._obj, readme_thermostat.Thermostat)
 
 
+def test_a_task_files_own_columns_reach_reset_through_the_rollout(tmp_path, qwen_tokenizer):
+    """A dataset's columns (TRL's way: one row per task, reset(**columns)) go to reset over the kwargs of the id:
+    through a real parquet task file and the rollout loop; with **kwargs, every column but the core's bookkeeping."""
+    from openmanus_rl_core.data.tasks import load_tasks, write_tasks
+
+    write_tasks(tmp_path / "train.parquet", [
+        {"task_id": 0, "seed": 0, "target": 18, "start": 15, "data_source": "mine"},
+        {"task_id": 1, "seed": 1, "target": 25, "start": None, "note": "no start: reset's default 16"}])
+    rows = load_tasks(tmp_path / "train.parquet")
+    r = registry("template").get("qwen_tools")().render
+    loop, engine = thermostat_loop(qwen_tokenizer, [[r(call("heat", degrees=3))] * 2, [r(call("finish"))] * 2])
+    episodes = loop.run(expand_tasks(rows, 1))
+    assert [e.trajectory.turns[0].observation for e in episodes] == ["The room is at 18 degrees.",
+                                                                      "The room is at 19 degrees."]
+    assert [p[0].rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0] for p in engine.prompts[:1]] == [
+        "The room is at 15 degrees; the target is 18."]
+    assert [e.trajectory.env_reward for e in episodes] == [1.0, 0.0]  # 15 + 3 == 18; 16 + 3 != 25
+
+    # the row's columns win over env.kwargs.tasks[task_id]; a column reset does not name is not given to it
+    listed = PythonEnv(cls=THERMO, tasks=[{"target": 30, "start": 10}, {"target": 31, "start": 11}])
+    assert listed.start_task({**rows[0], "extra": {}}) == "The room is at 15 degrees; the target is 18."
+    assert listed.start_task(rows[1]) == "The room is at 11 degrees; the target is 25."
+    loose = PythonEnv(cls=f"{__name__}:Loose")
+    loose.start_task({**rows[1], "split": "train", "group_id": "g0"})
+    assert loose._obj.task == {"task_id": 1, "seed": 1, "target": 25, "note": "no start: reset's default 16"}
+
+
 # ---------------------------------------------------------------------------- settings checked before a run
 @pytest.mark.parametrize("override,line", [
     ("env.kwargs.cls=null", r"^env\.kwargs\.cls=null: required: the class whose public methods are the tools"),
