@@ -13,6 +13,8 @@ warmup.demonstrator=<d>``:
   the preset's algorithm, ``algorithm=self_imitation`` (sample ``algorithm.n`` per task, train on the successes:
   rejection-sampling fine-tuning, every step), or ``algorithm=opd algorithm.teacher.path=<teacher>`` (on-policy
   distillation). Their RL seconds ``R`` are the sum of the RL steps' ``timing/step``; each row's budget is ``W + R``.
+- **filtered_grpo** (only when ``--methods`` names it): GRPO resumed from a second warm-up, on the successful
+  demonstrations alone (``warmup.keep=success``); its budget is that warm-up's seconds + its RL seconds.
 - **sft**, **filtered_bc**: the warm-up alone from scratch with ``warmup.steps`` scaled by ``(W + R_grpo) / W``, so
   that they get the wall time of warm-up + GRPO; filtered_bc keeps the successful demonstrations only
   (``warmup.keep=success``).
@@ -41,8 +43,9 @@ import time
 from pathlib import Path
 
 QUIET = ["trainer.progress=false", "trainer.val_before_train=false", "trainer.save_freq=0"]
-METHODS = ("sft", "filtered_bc", "self_imitation", "grpo", "opd")
-RL = {"grpo": [], "self_imitation": ["algorithm=self_imitation"], "opd": ["algorithm=opd"]}
+METHODS = ("sft", "filtered_bc", "self_imitation", "grpo", "opd", "filtered_grpo")
+DEFAULT = METHODS[:5]
+RL = {"grpo": [], "self_imitation": ["algorithm=self_imitation"], "opd": ["algorithm=opd"], "filtered_grpo": ["warmup.keep=success"]}
 
 
 def cli(args: list[str]) -> float:
@@ -115,15 +118,21 @@ def one_seed(args: argparse.Namespace, seed: int, extra: list[str], tmp: Path) -
     out.update(warmup_s=W, warmup_steps=steps, demo_success=first.get("warmup/demo_success"),
                after_warmup=val(first, "warmup/val"))
     budget = {}
-    for m in [m for m in ("grpo", "self_imitation", "opd") if m in methods]:
+    for m in [m for m in ("grpo", "self_imitation", "opd", "filtered_grpo") if m in methods]:
         run = tmp / f"{m}_{seed}"
+        start, W_m = warm, W
+        if m == "filtered_grpo":  # GRPO after a warm-up on the successful demonstrations alone
+            start = tmp / f"warm_success_{seed}"
+            rows, _ = train(base + demo + ["trainer.total_steps=0", "warmup.keep=success"], start)
+            W_m = rows[0]["warmup/seconds"]
+            out["after_filtered_warmup"] = val(rows[0], "warmup/val")
         if not run.exists():
-            shutil.copytree(warm, run, ignore=shutil.ignore_patterns("bench_wall_s", "ood.json"))
+            shutil.copytree(start, run, ignore=shutil.ignore_patterns("bench_wall_s", "ood.json"))
         more = RL[m] + ([f"algorithm.teacher.path={args.teacher_path}"] if m == "opd" else [])
         rows, wall = train(base + demo + ["trainer.resume=auto", *more], run)
         R = sum(r["timing/step"] for r in rows if r["step"] > 0)
-        budget[m] = W + R
-        out["rows"][m] = {"val": val(rows[-1], "val"), "seconds": W + R, "steps": f"{steps} + {rows[-1]['step']} RL",
+        budget[m] = W_m + R
+        out["rows"][m] = {"val": val(rows[-1], "val"), "seconds": W_m + R, "steps": f"{steps} + {rows[-1]['step']} RL",
                           "run": run}
     total = budget.get("grpo") or max(budget.values(), default=W)
     for m, keep in (("sft", "all"), ("filtered_bc", "success")):
@@ -149,7 +158,9 @@ def table(results: list[dict], args: argparse.Namespace) -> None:
     ood_col = bool(args.ood)
     for r in results:
         print(f"seed {r['seed']}: demonstrator's own success {r['demo_success']:.3f}; after the warm-up "
-              f"{r['after_warmup'][1]} ({r['warmup_steps']} steps, {r['warmup_s']:.0f} s)\n")
+              f"{r['after_warmup'][1]} ({r['warmup_steps']} steps, {r['warmup_s']:.0f} s)"
+              + (f"; on the successes alone {r['after_filtered_warmup'][1]}" if "after_filtered_warmup" in r else "")
+              + "\n")
         print("| method | val success | seconds (warm-up + training) | steps |" + (" OOD success |" * ood_col))
         print("|---|---|---|---|" + "---|" * ood_col)
         for m in METHODS:
@@ -171,7 +182,7 @@ def main() -> None:
     p.add_argument("--preset", default="babyai_goto", help="an +experiment option ('': the embedded default)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--demonstrator", default="oracle", help="warmup.demonstrator: oracle or one the env offers")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(DEFAULT), help=f"of {', '.join(METHODS)}")
     p.add_argument("--teacher", default="auto", help="opd's teacher: auto (the oracle's warm-up) or a model folder")
     p.add_argument("--ood", nargs="*", default=[], help="overrides of an out-of-distribution validation")
     p.add_argument("--val-tasks", type=int, default=120)
