@@ -23,6 +23,7 @@ has no stop strings (then the model must end its turn with EOS; with stop string
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -34,8 +35,8 @@ from openmanus_rl_core.plugin.envs import undelayed
 from openmanus_rl_core.process.alive import Alive
 from openmanus_rl_core.run.validation import validate
 
-__all__ = ["oracle_episode", "demonstrator_policy", "play_episode", "model_demonstrations", "task_demonstration", "build_corpus", "build_demonstrations", "demo_batch",
-           "run_warmup"]
+__all__ = ["oracle_episode", "demonstrator_policy", "play_episode", "model_demonstrations", "task_demonstration",
+           "build_corpus", "build_demonstrations", "demo_batch", "run_warmup"]
 
 
 def oracle_episode(env: Any, task: Mapping[str, Any], max_turns: int) -> tuple[str, list[tuple[str, str]]]:
@@ -48,20 +49,17 @@ def demonstrator_policy(env: Any, name: str) -> Callable[[], str]:
     """The next-action function of the demonstrator ``name`` on ``env``: ``oracle`` is its ``oracle_action()``;
     any other name must be one of the systematic demonstrators the env offers (its ``demonstrators``, a mapping
     name -> description), played by its ``demonstrator_action(name)``."""
-    if name == "oracle":
-        if not hasattr(env, "oracle_action"):
-            raise TypeError(
-                f"the env {type(env).__name__} has no oracle_action(); the supervised warm-up needs an OracleEnv. "
-                "Set warmup.steps=0 to train without it"
-            )
-        return env.oracle_action
-    offered = dict(getattr(env, "demonstrators", None) or {})
+    offered = {"oracle": getattr(env, "oracle_action", None)}
+    for systematic in getattr(env, "demonstrators", None) or {}:
+        offered[systematic] = functools.partial(env.demonstrator_action, systematic)
     if name not in offered:
         from openmanus_rl_core.config import ConfigError
 
-        raise ConfigError(f"warmup.demonstrator={name}: the env {type(env).__name__} offers "
-                          f"{', '.join(['oracle', *offered])}")
-    return lambda: env.demonstrator_action(name)
+        raise ConfigError(f"warmup.demonstrator={name}: the env {type(env).__name__} offers {', '.join(offered)}")
+    if offered[name] is None:
+        raise TypeError(f"the env {type(env).__name__} has no oracle_action(); the supervised warm-up needs an "
+                        "OracleEnv. Set warmup.steps=0 to train without it")
+    return offered[name]
 
 
 def play_episode(env: Any, task: Mapping[str, Any], max_turns: int,
