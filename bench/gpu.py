@@ -1,6 +1,6 @@
 """Benchmark (CUDA GPU): training and generation throughput of a Qwen2-0.5B-shaped model.
 
-    python bench/gpu.py [--batch 4] [--seq-len 2048] [--steps 10] [--warmup 3] [--activation-checkpointing]
+    python bench/gpu.py [--batch 4] [--seq-len 2048] [--steps 10] [--warmup 3] [--activation-checkpointing] [--profile 25]
                         [--engines hf,vllm] [--gen-prompts 64] [--gen-prompt-len 256] [--gen-new-tokens 256]
                         [--gen-group 1] [--cudnn-attention]
                         [--gpu-memory-utilization 0.5] [--peak-tflops X] [--write]
@@ -150,11 +150,28 @@ def bench_training(args, rank: int, world: int, device) -> dict:
     dist.barrier()
     dt = (time.perf_counter() - t0) / args.steps
     tokens_per_s = B * S * world / dt
+    profile = _profile(step, device, args.profile) if args.profile else ""
     peak_mem = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
     del model, optim, tokens
     _free()
     return {"params": n_params, "step_s": dt, "tokens_per_s": tokens_per_s, "tokens_per_s_gpu": tokens_per_s / world,
-            "peak_mem_gib": peak_mem, "loss": loss}
+            "peak_mem_gib": peak_mem, "loss": loss, "profile": profile}
+
+
+def _profile(step, device, rows: int) -> str:
+    """Two more training steps under ``torch.profiler``: the ``rows`` operators that took the most device time
+    (CPU time on a CPU), as PyTorch's own table -- where a step's time goes beyond the matrix products."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(2):
+            step()
+        _sync(device)
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
 
 
 # -------------------------------------------------------------------------------------------------- generation
@@ -268,6 +285,9 @@ def table(args, gpu: str, world: int, train: dict | None, gens: list[dict], skip
                      f"tokens in {g['gen_s']:.2f} s{extra}) |")
     for s in skipped:
         lines.append(f"| generation, {s} | not available here |")
+    if train and train["profile"]:
+        lines += ["", "Two training steps under torch.profiler (`--profile`), by self device time:", "", "```",
+                  train["profile"].rstrip(), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -279,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--skip-training", action="store_true")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="after the timed steps, profile two more and print the ROWS costliest operators")
     p.add_argument("--engines", default="hf,vllm", help="comma-separated rollout engines to time ('' for none)")
     p.add_argument("--gen-prompts", type=int, default=64)
     p.add_argument("--gen-prompt-len", type=int, default=256)
