@@ -1,4 +1,5 @@
-"""``textarena``: TextArena's single-player text games (PyPI ``textarena``) as an env, ``env.kwargs.game=<id>``.
+"""``textarena``: TextArena's text games (PyPI ``textarena``) as an env, ``env.kwargs.game=<id>``: single-player
+games, and two-player games against a fixed opponent (``env.kwargs.opponent``, :mod:`.opponents`).
 
 A task is one game as TextArena deals it: task id ``t`` is ``reset(num_players=1, seed=t)`` of ``ta.make(game,
 **config)`` (``task_id=None`` uses ``seed``; neither: a random game). Each game keeps its own ``random`` state
@@ -22,8 +23,16 @@ TextArena's own message ("You attempted an invalid move. Reason: ... Please resu
 lets a player resubmit once; a second invalid move in a row ends the game with the game's reward. A game that
 raises on a move ends the episode as invalid (reward 0, the error in ``info["game_error"]``): never a crash.
 
+Two-player games (``opponent`` set): task id ``t`` is ``reset(num_players=2, seed=t)``; the model plays seat
+``seat`` (None: seat ``t % 2``, so half the tasks open with the opponent's move) and the opponent (seeded by ``t``)
+plays the other. Each step plays the model's move, then the opponent's moves until the model is to play or the game
+ends; the observation holds the opponent's moves as ``[Player k] move`` lines among the game's. The reward is
+TextArena's for the model's seat: 1 for a win, -1 for a loss, 0 for a draw. An invalid move of the opponent's is
+replaced by another listed move; an opponent left with no move the game takes ends the episode (reward 0, ``info
+["game_error"]``).
+
 ``oracle_action()`` exists for games with a cheap solver (:mod:`openmanus_rl_env_textarena.oracles`:
-GuessTheNumber, TowerOfHanoi, FrozenLake); other games have no oracle: ``hasattr(env, "oracle_action")`` is False
+GuessTheNumber, TowerOfHanoi, FrozenLake, TicTacToe); other games have no oracle: ``hasattr(env, "oracle_action")`` is False
 and the warm-up is skipped.
 """
 
@@ -40,22 +49,33 @@ from typing import Any, Dict, Optional
 from openmanus_rl_core.protocols import StepResult, as_text
 
 from openmanus_rl_env_textarena import games
+from openmanus_rl_env_textarena.opponents import OPPONENTS
 from openmanus_rl_env_textarena.oracles import ORACLES
 
-__all__ = ["TextArenaEnv", "DEFAULT_INSTRUCTION", "render"]
+__all__ = ["TextArenaEnv", "DEFAULT_INSTRUCTION", "TWO_PLAYER_INSTRUCTION", "render"]
 
+MAX_OPPONENT_MOVES = 200  # moves of the opponent's in a row before the env gives the game up
 DEFAULT_INSTRUCTION = ("You are playing a single-player text game. Read the game's rules and its messages. Your "
                        "action is one move, written the way the game asks for it (for example [5] or [A C]).")
+TWO_PLAYER_INSTRUCTION = ("You are playing a two-player text game against an opponent. Read the game's rules and its "
+                          "messages; the opponent's moves appear as [Player N] lines. Your action is one move, written "
+                          "the way the game asks for it (for example [4]).")
 
 
-def render(messages: list[tuple[int, str, Any]]) -> str:
-    """The game's messages to the player as ``[GAME] text`` lines (``LLMObservationWrapper``'s layout). The
-    player's own moves are left out (its reply already holds them): in a single-player game that is every message
-    not from the game, and the game's echo of the move (typed ``PLAYER_ACTION``)."""
+def render(messages: list[tuple[int, str, Any]], own: int = 0, players: int = 1) -> str:
+    """The messages to player ``own`` of ``players`` as ``[GAME] text`` and ``[Player k] move`` lines
+    (``LLMObservationWrapper``'s layout). The player's own moves are left out (its reply already holds them): its
+    messages, and the game's echo of a move (typed ``PLAYER_ACTION``). A sender that is no player's seat (some games
+    of textarena 0.7.4 pass their arguments in the wrong order) is left out too."""
     import textarena as ta
 
-    return "\n".join(f"[GAME] {text}" for sender, text, kind in messages
-                     if sender == ta.GAME_ID and kind != ta.ObservationType.PLAYER_ACTION)
+    lines = []
+    for sender, text, kind in messages:
+        if sender == ta.GAME_ID and kind != ta.ObservationType.PLAYER_ACTION:
+            lines.append(f"[GAME] {text}")
+        elif type(sender) is int and sender != own and 0 <= sender < players:
+            lines.append(f"[Player {sender}] {text}")
+    return "\n".join(lines)
 
 
 def _is_number(value: Any) -> bool:
@@ -68,24 +88,38 @@ def _check_threshold(success_threshold: Any) -> None:
         raise ValueError(f"success_threshold={t}: must be a number (TextArena's reward for a win is 1)")
 
 
+def _check_seat(seat: Any) -> None:
+    if seat is not None and (isinstance(seat, bool) or seat not in (0, 1)):
+        raise ValueError(f"seat={seat}: must be 0, 1 or null (null: seat task_id % 2)")
+
+
 class TextArenaEnv:
-    """A single-player TextArena game (module docstring).
+    """A TextArena game (module docstring).
 
     kwargs: ``game`` (a TextArena id, e.g. ``GuessTheNumber-v0``), ``config`` (the game's own settings, passed to
     ``ta.make``), ``success_threshold`` (the reward that counts as success), ``instruction`` (the task
-    description templates put in the system prompt; None: :data:`DEFAULT_INSTRUCTION`).
+    description templates put in the system prompt; None: :data:`DEFAULT_INSTRUCTION`, or
+    :data:`TWO_PLAYER_INSTRUCTION` for a two-player game), ``opponent`` (a two-player
+    game's fixed opponent, :data:`~openmanus_rl_env_textarena.opponents.OPPONENTS`; None for a single-player game),
+    ``seat`` (the model's seat in a two-player game: 0, 1, or None for ``task_id % 2``).
     """
 
     def __init__(self, game: str = "GuessTheNumber-v0", config: Optional[Dict[str, Any]] = None,
-                 success_threshold: float = 1.0, instruction: Optional[str] = None):
+                 success_threshold: float = 1.0, instruction: Optional[str] = None, opponent: Optional[str] = None,
+                 seat: Optional[int] = None):
         _check_threshold(success_threshold)
-        self.spec = games.check(game, config)
+        _check_seat(seat)
+        self.spec = games.check(game, config, opponent=opponent)
         self.game_id = self.spec.id
         self.success_threshold = float(success_threshold)
-        self.instruction = DEFAULT_INSTRUCTION if instruction is None else str(instruction)
+        default = TWO_PLAYER_INSTRUCTION if self.spec.players == 2 else DEFAULT_INSTRUCTION
+        self.instruction = default if instruction is None else str(instruction)
+        self.opponent_name, self.seat = opponent, seat
         self._game: Any = None
         self._rng = games.Isolated()
         self._done = True
+        self._own = 0  # the model's seat in the game in play
+        self._opponent: Any = None
 
     # ----------------------------------------------------------------------------------- protocol
     def reset(self, task_id: int | None = None, seed: int | None = None) -> str:
@@ -98,11 +132,18 @@ class TextArenaEnv:
         if self._game is None:
             with self._rng():
                 self._game = games.make(self.spec)
+        two = self.spec.players == 2
+        self._own = (chosen % 2 if self.seat is None else self.seat) if two else 0
+        self._opponent = OPPONENTS[self.opponent_name](chosen) if two else None
         with self._rng():
-            self._game.reset(num_players=1, seed=chosen)
-            _, messages = self._game.get_observation()
+            self._game.reset(num_players=self.spec.players, seed=chosen)
+            if self._state.current_player_id != self._own:
+                problem = self._opponent_moves()
+                if problem:  # the opponent cannot open this game: the rollout counts the episode as env_error
+                    raise RuntimeError(f"textarena env: {self.game_id} task {chosen}: {problem}")
+            messages = self._take()
         self._done = False
-        return render(messages)
+        return render(messages, self._own, self.spec.players)
 
     def step(self, action: str) -> StepResult:
         """Play one move (module docstring)."""
@@ -113,25 +154,34 @@ class TextArenaEnv:
             return StepResult("The episode is over.", 0.0, True, {**info, "invalid": True})
         state = self._state
         errors = getattr(state, "error_count", 0)
+        problem = None
         try:
             with self._rng():
                 done, _ = self._game.step(as_text(action))
-                _, messages = self._game.get_observation()
+                invalid = bool(getattr(state, "error_count", 0) > errors)
+                if not done and not invalid and self._opponent is not None:
+                    problem = self._opponent_moves()
+                    done = bool(state.done)
+                messages = self._take()
         except Exception as exc:  # noqa: BLE001  (a game's own bug on some text: the episode ends, the run goes on)
             self._done = True
             why = games.first_line(exc)
             return StepResult(f"[GAME] The game could not take this move ({why}). The game is over.", 0.0, True,
                               {**info, "invalid": True, "game_error": why, "score": 0.0, "success": False})
-        outcome = state.game_info.get(0, {})
-        info["invalid"] = bool(getattr(state, "error_count", 0) > errors or (done and outcome.get("invalid_move")))
+        outcome = state.game_info.get(self._own, {})
+        info["invalid"] = invalid or bool(done and outcome.get("invalid_move"))
         info["turn"] = int(state.turn)
-        text = render(messages)
+        text = render(messages, self._own, self.spec.players)
+        if problem:
+            self._done = True
+            return StepResult(f"{text}\n[GAME] {problem}. The game is over.", 0.0, True,
+                              {**info, "game_error": problem, "score": 0.0, "success": False})
         if not done:
             return StepResult(text, 0.0, False, info)
         self._done = True
         with self._rng():
             rewards, _ = self._game.close()
-        value = (rewards or {}).get(0, 0.0)
+        value = (rewards or {}).get(self._own, 0.0)
         reward = float(value) if _is_number(value) else 0.0
         if not _is_number(value):  # 0.7.4: Countdown, Cryptarithm, Slitherlink, ThreeCardMonte swap reward and reason
             info["reward_error"] = f"TextArena gave {str(value)[:200]!r} as the reward; counted as 0"
@@ -148,6 +198,33 @@ class TextArenaEnv:
     @property
     def _state(self) -> Any:
         return self._game.state
+
+    def _take(self) -> list:
+        """The messages sent to the model's seat since the last call (TextArena keeps one queue per player)."""
+        queues = self._state.observations
+        messages, queues[self._own] = queues[self._own], []
+        return messages
+
+    def _opponent_moves(self) -> str | None:
+        """The opponent plays until the model is to play or the game ends (under the game's random state); a
+        problem that ends the episode, or None."""
+        state, refused = self._state, set()
+        for _ in range(MAX_OPPONENT_MOVES):
+            if state.done or state.current_player_id == self._own:
+                return None
+            seat = state.current_player_id
+            texts = [text for _, text, _ in state.observations[seat]]
+            move = self._opponent.pick(texts, refused)
+            if move is None:
+                return f"the opponent ({self.opponent_name}) has no move left that the game takes"
+            errors = state.error_count
+            self._game.step(move)
+            if not state.done and state.current_player_id == seat and state.error_count > errors:
+                refused.add(move)  # refused: the same messages, and another listed move
+                continue
+            refused = set()
+            state.observations[seat] = []
+        return f"the opponent made {MAX_OPPONENT_MOVES} moves without the model's turn coming"
 
     @property
     def _bare(self) -> Any:
@@ -182,7 +259,8 @@ def _kwargs_dataclass() -> type:
 
     def __post_init__(self) -> None:
         _check_threshold(self.success_threshold)
-        games.check(self.game, self.config, quiet=True)
+        _check_seat(self.seat)
+        games.check(self.game, self.config, quiet=True, opponent=self.opponent)
 
     return dataclasses.make_dataclass("Kwargs", fields, namespace={"__post_init__": __post_init__})
 

@@ -28,11 +28,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["Game", "check", "make", "game_ids", "Isolated", "SINGLE_PLAYER_EXAMPLES", "first_line"]
+__all__ = ["Game", "check", "make", "game_ids", "Isolated", "SINGLE_PLAYER_EXAMPLES", "TWO_PLAYER_EXAMPLES",
+           "first_line"]
 
 # Single-player ids of textarena 0.7.4 that run offline here (no NLTK corpus, no API key); the docs list them all.
 SINGLE_PLAYER_EXAMPLES = ("GuessTheNumber-v0", "TowerOfHanoi-v0", "Minesweeper-v0-small", "Blackjack-v0",
                           "FrozenLake-v0", "Mastermind-v0")
+# Two-player ids whose messages list each turn's moves, so a fixed opponent (opponents.py) can play them.
+TWO_PLAYER_EXAMPLES = ("TicTacToe-v0", "Othello-v0", "SimpleTak-v0", "WildTicTacToe-v0")
 
 _LOCK = threading.RLock()  # one call into TextArena at a time: its games share Python's global random module
 
@@ -115,11 +118,13 @@ def _quiet() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Game:
-    """A checked game: its id, its settings (sorted JSON), the name of its TextArena class."""
+    """A checked game: its id, its settings (sorted JSON), the name of its TextArena class, its players (1, or 2
+    against a fixed opponent)."""
 
     id: str
     config: str
     cls: str
+    players: int = 1
 
     def settings(self) -> dict[str, Any]:
         return json.loads(self.config)
@@ -197,7 +202,7 @@ def _players(env: Any, isolated: Isolated, state: Any) -> str | None:
 
 
 @lru_cache(maxsize=32)
-def _check(game_id: str, config: str, quiet: bool) -> Game:
+def _check(game_id: str, config: str, quiet: bool, opponent: str | None) -> Game:
     settings = json.loads(config)
     if game_id not in _registry():
         raise _unknown_game(game_id)
@@ -219,11 +224,10 @@ def _check(game_id: str, config: str, quiet: bool) -> Game:
         except Exception as exc:  # noqa: BLE001  (0.7.4: NLTK data missing, syntax errors, a missing 'gym')
             raise cant(exc, built=False) from None
         _check_settings(game_id, cls, settings)
-        game = Game(game_id, config, cls.__name__)
         isolated = Isolated()
         try:
             with isolated():
-                env = make(game)
+                env = make(Game(game_id, config, cls.__name__))
         except Exception as exc:  # noqa: BLE001  (NLTK data, an API key, a setting the game refuses)
             raise cant(exc) from None
         try:
@@ -232,22 +236,44 @@ def _check(game_id: str, config: str, quiet: bool) -> Game:
             state, error = env.state, None
         except Exception as exc:  # noqa: BLE001  (a game for several players asserts its count)
             state, error = None, exc
-        if not isinstance(state, ta.SinglePlayerState):
-            players = _players(env, isolated, state)
-            if players is None:
-                raise cant(error) from None
-            raise ValueError(f"game={game_id}: {players} of TextArena; env=textarena plays single-player games "
-                             "(two-player games against a fixed opponent are the next step, docs/ecosystem-envs.md), "
-                             "e.g. " + ", ".join(SINGLE_PLAYER_EXAMPLES[:4]))
-    return game
+        if isinstance(state, ta.SinglePlayerState):
+            if opponent is not None:
+                raise ValueError(f"opponent={opponent}: {game_id} is a single-player game of TextArena; leave "
+                                 "env.kwargs.opponent unset (null)")
+            return Game(game_id, config, cls.__name__)
+        players = _players(env, isolated, state)
+        if players is None:
+            raise cant(error) from None
+        if players != "a two-player game":
+            raise ValueError(f"game={game_id}: {players} of TextArena; env=textarena plays single-player games, and "
+                             "two-player games against a fixed opponent, e.g. " + ", ".join(TWO_PLAYER_EXAMPLES[:2]))
+        if opponent is None:
+            raise ValueError(f"game={game_id}: a two-player game of TextArena; name the opponent the model plays "
+                             "against: env.kwargs.opponent=random (a random move among those the game lists)")
+        from openmanus_rl_env_textarena.opponents import listed_moves
+
+        with isolated():
+            env.reset(num_players=2, seed=0)
+            first = env.state.observations[env.state.current_player_id]
+        if not listed_moves([text for _, text, _ in first]):
+            raise ValueError(f"game={game_id}: its messages list no moves (no 'Available Moves: [...]' line), so "
+                             f"opponent={opponent} cannot play it; two-player games that list them: "
+                             + ", ".join(TWO_PLAYER_EXAMPLES))
+    return Game(game_id, config, cls.__name__, players=2)
 
 
-def check(game: Any, config: Any = None, quiet: bool = False) -> Game:
+def check(game: Any, config: Any = None, quiet: bool = False, opponent: Any = None) -> Game:
     """Check the env's game keys and return the :class:`Game`. Raises ``ValueError`` whose message starts with
-    the offending key (``game=...``, ``config.num_disk=...``), as the config check prints it after
-    ``env.kwargs.``. The game is built and reset once (seed 0) to learn that it starts here and is single-player;
-    the result is cached per process. ``quiet``: nothing is printed meanwhile, not even by what writes to the file
-    descriptors (the config check's one line stays the only one; an env built on a thread leaves them alone)."""
+    the offending key (``game=...``, ``config.num_disk=...``, ``opponent=...``), as the config check prints it after
+    ``env.kwargs.``. The game is built and reset (seed 0) to learn that it starts here and is single-player, or
+    two-player with an ``opponent`` that can read its moves; the result is cached per process. ``quiet``: nothing is
+    printed meanwhile, not even by what writes to the file descriptors (the config check's one line stays the only
+    one; an env built on a thread leaves them alone)."""
+    from openmanus_rl_env_textarena.opponents import OPPONENTS
+
+    if opponent is not None and opponent not in OPPONENTS:
+        raise ValueError(f"opponent={_show(opponent)}: not an opponent; choose {', '.join(OPPONENTS)} (or null for a "
+                         "single-player game)")
     game, config = plain(game), plain(config)
     if config is None:
         config = {}
@@ -257,4 +283,4 @@ def check(game: Any, config: Any = None, quiet: bool = False) -> Game:
     if not isinstance(config, Mapping):
         raise ValueError(f"config={_show(config)}: must be a mapping of the game's settings, e.g. "
                          "env.kwargs.config={num_disks:4}")
-    return _check(game, json.dumps(config, sort_keys=True, default=str), bool(quiet))
+    return _check(game, json.dumps(config, sort_keys=True, default=str), bool(quiet), opponent)

@@ -278,9 +278,16 @@ def test_a_game_that_raises_on_a_move_ends_the_episode_as_invalid(monkeypatch):
                                          r"mean GuessTheNumber-v0"),
     ("env.kwargs.game=Pong-v9", r"^env\.kwargs\.game=Pong-v9: not a TextArena game id; TextArena has \d+ ids, e\.g\. "
                                 r"the single-player GuessTheNumber-v0"),
-    ("env.kwargs.game=TicTacToe-v0", r"^env\.kwargs\.game=TicTacToe-v0: a two-player game of TextArena; "
-                                     r"env=textarena plays single-player games \(two-player games against a fixed "
-                                     r"opponent are the next step"),
+    ("env.kwargs.game=TicTacToe-v0", r"^env\.kwargs\.game=TicTacToe-v0: a two-player game of TextArena; name the "
+                                     r"opponent the model plays against: env\.kwargs\.opponent=random"),
+    ("env.kwargs.game=ConnectFour-v0 env.kwargs.opponent=random",
+     r"^env\.kwargs\.game=ConnectFour-v0: its messages list no moves .*, so opponent=random cannot play it; "
+     r"two-player games that list them: TicTacToe-v0"),
+    ("env.kwargs.opponent=random", r"^env\.kwargs\.opponent=random: GuessTheNumber-v0 is a single-player game"),
+    ("env.kwargs.game=TicTacToe-v0 env.kwargs.opponent=minimax",
+     r"^env\.kwargs\.opponent=minimax: not an opponent; choose random"),
+    ("env.kwargs.game=TicTacToe-v0 env.kwargs.opponent=random env.kwargs.seat=2",
+     r"^env\.kwargs\.seat=2: must be 0, 1 or null"),
     ("env.kwargs.game=SecretMafia-v0", r"^env\.kwargs\.game=SecretMafia-v0: a game for \d+ or more players"),
     ("env.kwargs.game=Wordle-v0", r"^env\.kwargs\.game=Wordle-v0: TextArena cannot start this game here "
                                   r"\(LookupError: Resource 'words' not found\. \(NLTK data this machine does not "
@@ -297,7 +304,7 @@ def test_a_game_that_raises_on_a_move_ends_the_episode_as_invalid(monkeypatch):
 ])
 def test_bad_settings_are_one_line_before_anything_starts(override, line, capfd):
     with pytest.raises(ConfigError, match=line) as err:
-        load(["env=textarena", override], training=False)
+        load(["env=textarena", *override.split()], training=False)
     assert "\n" not in str(err.value)
     out, errout = capfd.readouterr()
     assert "nltk" not in (out + errout).lower()  # the check tried the game silently
