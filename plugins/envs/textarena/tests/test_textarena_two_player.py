@@ -5,6 +5,7 @@ reader reads the formats TextArena's games write."""
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 
@@ -28,22 +29,25 @@ def winner(cells: list[str]) -> str | None:
     return next((cells[a] for a, b, c in LINES if cells[a] and cells[a] == cells[b] == cells[c]), None)
 
 
+@functools.lru_cache(maxsize=None)
+def score(cells: tuple[str, ...], turn: str, me: str) -> int:
+    """+1: ``me`` wins, -1: the other mark wins, 0: a draw, ``turn`` to move, best play on both sides."""
+    w = winner(list(cells))
+    if w:
+        return 1 if w == me else -1
+    free = [i for i, c in enumerate(cells) if not c]
+    if not free:
+        return 0
+    nxt = "X" if turn == "O" else "O"
+    results = [score(cells[:i] + (turn,) + cells[i + 1:], nxt, me) for i in free]
+    return max(results) if turn == me else min(results)
+
+
 def perfect_move(cells: list[str], me: str) -> int:
     """Minimax: a move of ``me`` that never loses."""
     other = "X" if me == "O" else "O"
-
-    def score(cells: list[str], turn: str) -> int:  # +1: me wins, -1: other wins, 0: draw
-        w = winner(cells)
-        if w:
-            return 1 if w == me else -1
-        free = [i for i, c in enumerate(cells) if not c]
-        if not free:
-            return 0
-        results = [score(cells[:i] + [turn] + cells[i + 1:], other if turn == me else me) for i in free]
-        return max(results) if turn == me else min(results)
-
     free = [i for i, c in enumerate(cells) if not c]
-    return max(free, key=lambda i: score(cells[:i] + [me] + cells[i + 1:], other))
+    return max(free, key=lambda i: score(tuple(cells[:i] + [me] + cells[i + 1:]), other, me))
 
 
 def play(task: int, choose) -> tuple[list[str], float, dict]:
