@@ -24,8 +24,10 @@ install-test: install
 demo: install
 	$(VENV)/bin/openmanus-rl train
 
+# Two workers (pytest-xdist): every test that starts or uses a Ray runs on one of them, the rest on the other
+# (tests/conftest.py); half the suite's time went to waiting on Ray, commands and servers.
 test: install-test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 # Opt-in: more end-to-end variants (other model families, real wandb/mlflow training runs, the env plugins' own
 # command-line runs, a run's other endings) of what `make test` already covers; about 7 minutes.

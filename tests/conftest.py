@@ -62,10 +62,11 @@ def throwaway_dists(tmp_path):
 # ------------------------------------------------------------------ in-process runs and the process they share
 # A run started in this process (``train``, ``cli.main``, ``omrl.train``) reuses a Ray that is already up, so the
 # modules that train in this process share one: ``ray_local`` starts it (or finds it up), and it stays up from one
-# module of tests/ to the next while nothing of a test is left on it (a Ray start costs seconds, a command of
+# module to the next that asks for it while nothing of a test is left on it (a Ray start costs seconds, a command of
 # its own more: a new interpreter imports torch again). What a run changes in this process is put back after each
 # module (``process_state_kept``).
-_SHARED: dict = {"node": None}  # the node id of the Ray ``ray_local`` started, while it is up
+# The shared Ray is told by its namespace, not by a variable here: the plugins' conftests run this file again.
+SHARED_NAMESPACE = "omrl-tests-shared-ray"
 
 
 def _ray_up():
@@ -80,7 +81,7 @@ def _shared_ray_idle(ray, wait_s: float = 10.0) -> bool:
     import time
 
     try:
-        if ray.get_runtime_context().get_node_id() != _SHARED["node"]:
+        if ray.get_runtime_context().namespace != SHARED_NAMESPACE:
             return False
         deadline = time.monotonic() + wait_s
         while ray.available_resources().get("CPU", 0.0) < ray.cluster_resources().get("CPU", 0.0):
@@ -99,7 +100,6 @@ def shut_ray_down() -> None:
     ray = _ray_up()
     if ray is not None:
         ray.shutdown()
-    _SHARED["node"] = None
     if "ray._raylet" in sys.modules:
         from ray._raylet import AuthenticationTokenLoader, Config
 
@@ -107,21 +107,11 @@ def shut_ray_down() -> None:
         AuthenticationTokenLoader.instance().reset_cache()
 
 
-def _in_tests(item) -> bool:
-    return Path(str(item.path)).resolve().parent == REPO / "tests"
-
-
 def _shared_ray_wanted_next(request) -> bool:
-    """A later module of tests/ asks for ``ray_local`` and every module up to it is in tests/ (a plugin's module,
-    or a module of the plugins' tests, never finds the shared Ray up)."""
+    """A later module asks for ``ray_local``."""
     items = request.session.items
     mine = [i for i, item in enumerate(items) if item.module is request.module]
-    for item in items[mine[-1] + 1:] if mine else []:
-        if not _in_tests(item):
-            return False
-        if "ray_local" in getattr(item, "fixturenames", ()):
-            return True
-    return False
+    return bool(mine) and any("ray_local" in getattr(item, "fixturenames", ()) for item in items[mine[-1] + 1:])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -129,8 +119,8 @@ def process_state_kept(request):
     """Each module leaves the process as it found it, whatever its in-process runs changed: the environment (Ray's
     start sets RAY_AUTH_MODE, PYTHONBREAKPOINT and the driver's pid), the working folder, the SIGTERM and SIGINT
     handlers (a run's stop, Ray's), ``print`` (Ray's tqdm replaces it) and torch's thread count (a run's driver
-    sets it). A Ray still up afterwards is shut down, unless it is the shared one, idle, and a module of tests/
-    that comes next (with only tests/ modules before it) asks for it."""
+    sets it). A Ray still up afterwards is shut down, unless it is the shared one, idle, and a later module asks
+    for it."""
     import builtins
     import signal
 
@@ -140,9 +130,9 @@ def process_state_kept(request):
     threads = torch.get_num_threads() if torch is not None else None
     yield
     ray = _ray_up()
-    if ray is not None and not (_shared_ray_wanted_next(request) and _shared_ray_idle(ray)):
-        shut_ray_down()
-    elif ray is None and _SHARED["node"] is not None:  # stopped by a test (test_placement needs a driver of its own)
+    # with none up, Ray still reads its token-auth mode again (a test may have stopped one: test_placement needs a
+    # driver of its own)
+    if ray is None or not (_shared_ray_wanted_next(request) and _shared_ray_idle(ray)):
         shut_ray_down()
     if dict(os.environ) != env:
         os.environ.clear()
@@ -172,18 +162,17 @@ def ray_local():
     ray = pytest.importorskip("ray")
     from openmanus_rl_core.distributed.ray_node import start_ray
 
-    if _ray_up() is not None and _SHARED["node"] is not None and _shared_ray_idle(ray):
+    if _ray_up() is not None and _shared_ray_idle(ray):
         return
     shut_ray_down()
     env, here = dict(os.environ), os.getcwd()
     os.chdir(REPO)
     try:
-        start_ray(None, 2, logging_level="warning")
+        start_ray(None, 2, logging_level="warning", namespace=SHARED_NAMESPACE)
     finally:
         os.chdir(here)
         os.environ.clear()
         os.environ.update(env)
-    _SHARED["node"] = ray.get_runtime_context().get_node_id()
 
 
 class CommandHere:
@@ -243,3 +232,102 @@ def dist_group():
     yield ("127.0.0.1", port)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ make test's two workers (pytest-xdist)
+# `make test` runs the suite on two worker processes (``-n 2 --dist loadgroup``). Two local Rays starting at once on
+# 2 cores time out, so every test that starts or uses a Ray is in one xdist group, run by one worker in collection
+# order (its modules share ``ray_local`` there as in a serial run), while the other worker runs the rest, a module at
+# a time. Such a test is found by the fixtures it uses, or carries the ``ray`` mark (it starts a Ray itself:
+# ``ray.init``, a training command run in a subprocess) or ``cluster``. Each worker's Rays live under a folder of
+# their own, so a test outside the group that starts one is caught and named. A test that pip-installs into this
+# venv runs alone: every command and registry on the other worker reads the installed entry points.
+RAY_GROUP = "ray"
+RAY_FIXTURES = {"ray_local", "command_here"}  # in-process runs: they start a Ray or use the module's
+VENV_FIXTURES = {"throwaway_dists"}  # installs and uninstalls distributions in this venv while the test runs
+# pip-installed for a whole module (openenv's tests): on the Ray worker, so never two pips at once in this venv
+ONE_WORKER_FIXTURES = RAY_FIXTURES | VENV_FIXTURES | {"words_package"}
+
+
+def _worker(config) -> dict | None:
+    """xdist's ``workerinput`` in a worker process (``workerid``, ``testrunuid``), else None."""
+    return getattr(config, "workerinput", None)
+
+
+def _on_the_ray_worker(item) -> bool:
+    return (ONE_WORKER_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or item.get_closest_marker("ray") is not None or item.get_closest_marker("cluster") is not None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group marks into the test ids
+def pytest_collection_modifyitems(config, items):
+    """Each test's xdist group: ``ray``, or its module's, so that a module's other tests run in their order on one
+    worker, where its module-scoped fixtures (a model a test trains further) are what the next test expects."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = RAY_GROUP if _on_the_ray_worker(item) else item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _ray_tmpdir(worker: dict) -> Path:
+    # short: Ray's socket paths under it must stay within the 107 bytes of a Unix socket's name
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"omrl-ray-{worker['testrunuid'][:8]}-{worker['workerid']}"
+
+
+def pytest_configure(config):
+    worker = _worker(config)
+    if worker is not None:
+        os.environ["RAY_TMPDIR"] = str(_ray_tmpdir(worker))  # read by every Ray this worker starts, commands' too
+
+
+def pytest_unconfigure(config):
+    worker = _worker(config)
+    if worker is not None:
+        import shutil
+
+        shutil.rmtree(_ray_tmpdir(worker), ignore_errors=True)
+
+
+def _ray_sessions() -> set[str]:
+    """The Ray sessions this worker has started (each Ray start makes a ``session_<time>_<pid>`` folder)."""
+    return {p.name for p in (Path(os.environ["RAY_TMPDIR"]) / "ray").glob("session_2*")}
+
+
+@pytest.fixture(autouse=True)
+def ray_only_on_its_worker(request):
+    """Under xdist, a test outside the Ray group that starts a Ray fails, naming what to do."""
+    if _worker(request.config) is None or _on_the_ray_worker(request.node):
+        yield
+        return
+    before = _ray_sessions()
+    yield
+    started = sorted(_ray_sessions() - before)
+    if started:
+        pytest.fail(f"{request.node.nodeid} started a Ray ({', '.join(started)}) outside the Ray group, so beside "
+                    f"the other worker's Ray: mark it @pytest.mark.ray (see tests/conftest.py)", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def venv_unchanged_while_a_test_runs(request, tmp_path_factory):
+    """Under xdist, a test that pip-installs into this venv (``VENV_FIXTURES``) holds it alone; any other test
+    holds it shared. A gate in front keeps the other worker's next tests from starving the installing one."""
+    if _worker(request.config) is None:
+        yield
+        return
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp().parent  # the run's folder, above each worker's own
+    exclusive = bool(VENV_FIXTURES & set(request.fixturenames))
+    with open(root / "venv.gate", "a") as gate, open(root / "venv.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        if not exclusive:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if exclusive:
+                fcntl.flock(gate, fcntl.LOCK_UN)

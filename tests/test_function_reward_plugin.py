@@ -59,7 +59,8 @@ def fn_reward_dist(throwaway_dists):
 
 
 @pytest.mark.slow
-def test_grpo_run_on_the_dataset_env_scored_by_a_function_plugin(fn_reward_dist, cli_env, tmp_path):
+def test_grpo_run_on_the_dataset_env_scored_by_a_function_plugin(fn_reward_dist, cli_env, tmp_path, ray_local,
+                                                                 command_here, monkeypatch):
     # The function is listed like any component, from metadata.
     listed = subprocess.run(["openmanus-rl", "plugins", "reward", "--json"], capture_output=True, text=True,
                             env=cli_env, timeout=120)
@@ -69,7 +70,7 @@ def test_grpo_run_on_the_dataset_env_scored_by_a_function_plugin(fn_reward_dist,
 
     run_dir = tmp_path / "run"
     cmd = [
-        "openmanus-rl", "train", "env=dataset",
+        "train", "env=dataset",
         # replace the default reward with the plugin's function alone
         "~reward.components.goal", "~reward.components.format", "~reward.components.invalid_action",
         f"+reward.components.{LABEL}={{name:tp_answer,weight:1.0}}",
@@ -79,7 +80,8 @@ def test_grpo_run_on_the_dataset_env_scored_by_a_function_plugin(fn_reward_dist,
         "trainer.num_workers=1", "trainer.loggers=[]", "trainer.progress=false",
         f"trainer.run_dir={run_dir}",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=cli_env, timeout=540, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    proc = command_here(cmd)  # the command's function, in this process, on the tests' shared Ray
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import openai
+import pytest
 
 from test_resume_config import SMALL
 
@@ -55,6 +56,7 @@ def test_a_missing_agent_program_is_one_line_before_anything_starts(tmp_path, co
     assert not run.exists()
 
 
+@pytest.mark.ray
 def test_no_agent_outlives_a_kill_9_of_the_trainer(tmp_path, cli_env):
     """Agents that write their pid and then hang; the trainer is killed -9 while they run."""
     pids = tmp_path / "pids"

@@ -68,6 +68,7 @@ def test_loopback_addresses():
     assert not any(is_loopback(ip) for ip in ("0.0.0.0", "::", "192.0.2.2", "10.0.0.1", "::ffff:10.0.0.1", "fe80::1"))
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_a_local_training_run_listens_on_loopback_only_and_sigterm_shuts_ray_down(tmp_path, cli_env):
     run_dir = tmp_path / "run"

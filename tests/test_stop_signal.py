@@ -229,6 +229,16 @@ def test_an_abandoned_rollout_draws_its_tasks_again_and_a_stopped_validation_kee
     assert logged == ["validation skipped: the run is stopping"] * 2
 
 
+def test_outside_ray_a_call_is_never_cancelled_and_no_ray_is_started():
+    """A worker used in a plain process (a test, no Ray up) asks ``cancelled_call`` at each rollout: "never", and
+    ``ray.get_runtime_context()``, which would start a whole local Ray of its own, is not called."""
+    script = ("import ray\nfrom openmanus_rl_core.process.stopping import cancelled_call\n"
+              "print(cancelled_call()(), ray.is_initialized())")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]
+
+
 SLOW_ENV = [a for a in SMALL if a != "env=key_door"] + [
     "env=latency", "env.kwargs.inner=key_door", "env.kwargs.median_ms=2500", "env.kwargs.sigma=0",
     "rollout.max_turns=1", "trainer.val_at_end=false",

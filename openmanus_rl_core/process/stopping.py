@@ -143,8 +143,10 @@ def cancelled_call() -> Callable[[], bool]:
     try:
         import ray
 
+        if not ray.is_initialized():  # before get_runtime_context(), which would start a Ray of its own
+            return lambda: False
         ctx = ray.get_runtime_context()
-        if ray.is_initialized() and ctx.worker.mode == ray._private.worker.WORKER_MODE:
+        if ctx.worker.mode == ray._private.worker.WORKER_MODE:
             return ctx.is_canceled
     except Exception:  # no Ray, or an old one without is_canceled
         pass

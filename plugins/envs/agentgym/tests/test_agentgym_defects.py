@@ -373,6 +373,7 @@ def _metrics_steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_3_a_server_killed_mid_train_is_restarted_once_by_the_driver_and_none_is_left(tmp_path):
     cli_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -444,6 +444,7 @@ def test_the_readme_shows_this_very_script():
     assert blocks == [readme_script()]
 
 
+@pytest.mark.ray
 def test_the_readme_class_trains_from_python(tmp_path):
     """The README's script (readme_thermostat.py) run as a script: ``omrl.train(..., env=Thermostat)`` makes the run's
     workers import the class by the script's module name. Only its run is made small."""

@@ -227,6 +227,7 @@ def ray_with_the_envs(envs_dir):
     torch.set_num_threads(threads)
 
 
+@pytest.mark.ray
 def test_train_three_steps_from_the_cli_scores_the_verifiers_reward(envs_dir, ray_with_the_envs, tmp_path, capfd):
     from openmanus_rl_core.cli import main
 

@@ -286,13 +286,16 @@ def test_registered_and_conform(name):
     check_reward(comp, [sample])
 
 
-@pytest.mark.parametrize(
-    "comp",
-    [GoalReward(use_score=True), LengthPenalty("quadratic", unit="turns", max_length=3),
-     LengthPenalty("log", unit="chars"), FormatReward(require_end=False), InvalidActionPenalty(normalize=False),
-     ProcessReward("discounted", gamma=0.5), ProcessReward("last")],
-    ids=repr,
-)
+OPTION_VARIANTS = {  # test id -> component (an id must be the same in every process: xdist's workers compare them)
+    "goal-use_score": GoalReward(use_score=True),
+    "length-quadratic-turns-max3": LengthPenalty("quadratic", unit="turns", max_length=3),
+    "length-log-chars": LengthPenalty("log", unit="chars"), "format-no-require_end": FormatReward(require_end=False),
+    "invalid_action-not-normalized": InvalidActionPenalty(normalize=False),
+    "process-discounted-0.5": ProcessReward("discounted", gamma=0.5), "process-last": ProcessReward("last"),
+}
+
+
+@pytest.mark.parametrize("comp", list(OPTION_VARIANTS.values()), ids=list(OPTION_VARIANTS))
 def test_option_variants_conform(comp):
     check_reward(comp)
 

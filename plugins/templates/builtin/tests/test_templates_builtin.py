@@ -17,11 +17,14 @@ from openmanus_rl_core.testing import check_template
 from openmanus_rl_templates import AgentGymTemplate, JsonToolTemplate, ReactTemplate, hooks
 
 TEMPLATES = {"react": ReactTemplate, "agentgym": AgentGymTemplate, "json_tool": JsonToolTemplate}
-VARIANTS = [
-    ReactTemplate(), ReactTemplate(think=False), ReactTemplate(action_tag="act", think_tag="reason", strip=False),
-    AgentGymTemplate(), AgentGymTemplate(action_on_new_line=True), AgentGymTemplate(multiline=True),
-    JsonToolTemplate(), JsonToolTemplate(tags=False), JsonToolTemplate(tool_name="move", arg_name="cmd", strip=True),
-]
+VARIANTS = {  # test id -> template (an id must be the same in every process: xdist's workers compare them)
+    "react": ReactTemplate(), "react-no-think": ReactTemplate(think=False),
+    "react-act-reason-unstripped": ReactTemplate(action_tag="act", think_tag="reason", strip=False),
+    "agentgym": AgentGymTemplate(), "agentgym-action-on-new-line": AgentGymTemplate(action_on_new_line=True),
+    "agentgym-multiline": AgentGymTemplate(multiline=True),
+    "json_tool": JsonToolTemplate(), "json_tool-no-tags": JsonToolTemplate(tags=False),
+    "json_tool-move-cmd-strip": JsonToolTemplate(tool_name="move", arg_name="cmd", strip=True),
+}
 CONFIG_DIR = Path(hooks.__file__).parent / "configs" / "template"
 
 
@@ -37,7 +40,7 @@ def bad(template, text: str) -> None:
 
 
 # ------------------------------------------------------------------------------------- contract
-@pytest.mark.parametrize("template", VARIANTS, ids=repr)
+@pytest.mark.parametrize("template", list(VARIANTS.values()), ids=list(VARIANTS))
 def test_conformance_kit(template):
     check_template(template)
     check_template(template, actions=["open box", "say apple", "7", "click[Buy Now]", "a {b} [c] \"d\" 'e'"])
@@ -213,7 +216,7 @@ markup = st.sampled_from(["<action>", "</action>", "<think>", "</think>", "Actio
 any_text = st.one_of(st.text(max_size=400), st.lists(st.one_of(markup, st.text(max_size=10)), max_size=40).map("".join))
 
 
-@pytest.mark.parametrize("template", VARIANTS, ids=repr)
+@pytest.mark.parametrize("template", list(VARIANTS.values()), ids=list(VARIANTS))
 @settings(max_examples=150, deadline=None)
 @given(text=any_text)
 def test_parse_takes_any_text(template, text):
@@ -227,7 +230,7 @@ def test_parse_takes_any_text(template, text):
         assert parsed.content == text
 
 
-@pytest.mark.parametrize("template", VARIANTS, ids=repr)
+@pytest.mark.parametrize("template", list(VARIANTS.values()), ids=list(VARIANTS))
 def test_parse_non_str_and_huge(template):
     for junk in [None, b"<action>look</action>", 7, "a" * 1_000_000, "{" * 200_000, "<action>" * 50_000]:
         assert isinstance(template.parse(junk), ParsedAction)
