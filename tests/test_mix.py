@@ -89,6 +89,8 @@ def test_rows_of_another_source_or_a_source_without_rows_are_refused():
     ("+env.kwargs.sources.inner={env: mix}", "env.kwargs.sources.inner.env=mix: a source cannot be a mix itself"),
     ("+env.kwargs.sources.key_door.kwargs.colour=red",
      "env.kwargs.sources.key_door.kwargs.colour=red: unknown key of the env 'key_door'"),
+    ("+env.kwargs.sources.key_door.reward=gaol", "env.kwargs.sources.key_door.reward: reward=gaol: no such option"),
+    ("env.kwargs.sources.legs.reward=3", "env.kwargs.sources.legs.reward=3: must name a reward option"),
 ])
 def test_a_bad_source_is_one_line_naming_it_before_anything_is_built(tmp_path, capsys, override, line):
     from openmanus_rl_core.cli import main
@@ -138,6 +140,42 @@ def test_each_episode_plays_its_sources_env_with_its_instruction_and_turn_limit(
     env.close()
     with pytest.raises(ValueError, match=r"source='elsewhere', not one of this mix's sources \(key_door, legs\)"):
         env.start_task({"task_id": 0, "seed": 0, "source": "elsewhere"})
+
+
+def test_a_source_with_its_own_reward_option_is_scored_by_it_and_the_others_by_the_runs():
+    from openmanus_rl_core.config.loading import load
+    from openmanus_rl_core.data.generation import split_rows
+    from openmanus_rl_core.plugin.mix import MixEnv, source_rewards
+    from openmanus_rl_core.plugin.registry import build
+    from openmanus_rl_core.rewards.composer import RewardComposer
+    from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
+
+    cfg = load(["env=mix", *SOURCES], training=False)  # the option's default: legs scored by reward=reasoning_gym
+    own = source_rewards(cfg.env)
+    assert list(own) == ["legs"] and own["legs"]["goal"]["kwargs"] == {"use_score": True}
+    assert source_rewards(load(["env=key_door"], training=False).env) == {}
+    template = build("template", cfg.template)
+    composer = RewardComposer.from_config(cfg.reward.components, template=template, by_source=own)
+    train, _ = split_rows(cfg)
+    env = MixEnv(**cfg.env.kwargs)
+    played = []
+    for source in ("legs", "key_door"):  # a failed episode each, which its env scores 0.5 (partial credit)
+        row = next(r for r in train if r["source"] == source)
+        obs = env.start_task(row)
+        result = env.step("7" if source == "legs" else "look around")
+        turn = Turn(response="<action>x</action>", action=ParsedAction("action", "x", True), observation="",
+                    reward=result.reward, done=True, info=dict(result.info, score=0.5), span=(0, 4))
+        played.append(Trajectory(task_id=row["task_id"], seed=row["seed"], group_id=0, initial_observation=obs,
+                                 turns=[turn], success=bool(result.info.get("success")), task=row))
+    env.close()
+    (legs, door), metrics = composer.compose_batch(played)
+    assert set(legs.parts) == {"legs.goal", "legs.format", "legs.invalid_action"}
+    assert set(door.parts) == {"goal", "format", "invalid_action"}
+    alone = RewardComposer.from_config(load(["env=reasoning_gym", "reward=reasoning_gym"], training=False)
+                                       .reward.components, template=template)
+    assert legs.raw["legs.goal"] == 0.5 and door.raw["goal"] == 0.0  # the score; success alone
+    assert legs.total == pytest.approx(alone.compose(played[0]).total)
+    assert metrics["reward/legs.goal/raw_mean"] == 0.5 and metrics["reward/goal/raw_mean"] == 0.0
 
 
 # ---------------------------------------------------------------------------------------------- end to end

@@ -299,3 +299,45 @@ def test_empty_batch_and_empty_config():
     assert b.total == 0.0 and b.turn_rewards == [0.0]
     bds, metrics = composer(a=(Const(), 1.0)).compose_batch([])
     assert bds == [] and metrics["reward/a/mean"] == 0.0
+
+
+# ------------------------------------------------------------------------------------ env=mix sources' own rewards
+class Batched:
+    """A batched scorer that records which trajectories it was handed."""
+
+    def __init__(self):
+        self.seen: list[list[str]] = []
+
+    def compute(self, trajectory):
+        raise AssertionError("scored one at a time")
+
+    def compute_batch(self, trajectories):
+        self.seen.append([t.task["source"] for t in trajectories])
+        return [len(t.turns) * 10.0 for t in trajectories]
+
+
+def test_a_source_with_its_own_components_is_scored_by_them_alone_and_the_rest_by_the_runs():
+    batched = Batched()
+    comp = RewardComposer.from_config({"goal": {"name": "goal", "weight": 1.0}},
+                                      by_source={"legs": {"score": {"name": "goal", "weight": 2.0,
+                                                                    "kwargs": {"use_score": True}}}})
+    comp = RewardComposer([*comp.specs, ComponentSpec("count", "batched", 1.0, batched, source="door")])
+    door = traj(rewards=(0.0, 1.0), success=True, task={"source": "door"})
+    legs = traj(rewards=(0.25,), success=False, task={"source": "legs", "score": 0.25})
+    other = traj(rewards=(1.0,), success=True, task={"source": "copy"})
+    (b_door, b_legs, b_other), metrics = comp.compose_batch([door, legs, other])
+    assert comp.labels == ["goal", "legs.score", "count"]
+    assert b_legs.parts == {"legs.score": 2.0 * 0.25} and b_legs.total == 0.5 and b_legs.turn_rewards == [0.5]
+    assert b_door.parts == {"count": 20.0} and b_door.turn_rewards == [0.0, 20.0]  # not the run's goal
+    assert b_other.parts == {"goal": 1.0}  # a source without components of its own: the run's
+    assert batched.seen == [["door"]]  # a batched component is handed its source's trajectories only
+    assert metrics["reward/goal/mean"] == 1.0 and metrics["reward/legs.score/mean"] == 0.5
+    assert metrics["reward/count/mean"] == 20.0 and metrics["reward/legs.score/errors"] == 0.0
+    _, only_legs = comp.compose_batch([legs])
+    assert "reward/goal/mean" not in only_legs and "reward/count/mean" not in only_legs
+
+
+def test_without_sources_every_component_scores_every_trajectory_as_before():
+    comp = RewardComposer.from_config({"goal": {"name": "goal"}}, by_source={})
+    (b,), metrics = comp.compose_batch([traj(rewards=(1.0,), success=True, task={"source": "legs"})])
+    assert b.parts == {"goal": 1.0} and metrics["reward/goal/mean"] == 1.0

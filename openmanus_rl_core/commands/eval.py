@@ -39,6 +39,7 @@ def score(cfg: Any, overrides: Sequence[str] = (), rewards: Sequence[Any] = ()) 
     from openmanus_rl_core.data.tasks import load_tasks, require_tasks
     from openmanus_rl_core.engines import preflight
     from openmanus_rl_core.plugin.envs import open_env_service
+    from openmanus_rl_core.plugin.mix import source_rewards
     from openmanus_rl_core.plugin.registry import build, registry
     from openmanus_rl_core.rewards.composer import RewardComposer
     from openmanus_rl_core.rollout import AgentLoop, expand_tasks
@@ -80,7 +81,7 @@ def score(cfg: Any, overrides: Sequence[str] = (), rewards: Sequence[Any] = ()) 
         episodes = loop.run(expand_tasks([dict(t, group_id=f"eval:{i}") for i, t in enumerate(tasks)], 1))
     finally:
         service.close()
-    configured = RewardComposer.from_config(c.reward.components, template=template)
+    configured = RewardComposer.from_config(c.reward.components, template=template, by_source=source_rewards(c.env))
     composer = RewardComposer([*configured.specs, *rewards])
     breakdowns, rmetrics = composer.compose_batch([e.trajectory for e in episodes])
     result = {

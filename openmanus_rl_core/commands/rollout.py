@@ -109,6 +109,7 @@ def _run(cfg: Any, ckpt: Any, out_dir: Path) -> int:
 
     from openmanus_rl_core.commands.from_run import load_policy
     from openmanus_rl_core.models.loading import load_model_and_tokenizer
+    from openmanus_rl_core.plugin.mix import source_rewards
     from openmanus_rl_core.plugin.registry import build, registry
     from openmanus_rl_core.rewards.composer import RewardComposer
     from openmanus_rl_core.rollout import AgentLoop, build_batch, expand_tasks, rollout_metrics, tokenizer_corpus
@@ -117,7 +118,9 @@ def _run(cfg: Any, ckpt: Any, out_dir: Path) -> int:
     torch.manual_seed(cfg.seed)
     env_factory = lambda: build("env", cfg.env)  # noqa: E731
     template = build("template", cfg.template)
-    composer = RewardComposer.from_config(cfg.reward.components, template=template) if cfg.reward.components else None
+    by_source = source_rewards(cfg.env)
+    composer = (RewardComposer.from_config(cfg.reward.components, template=template, by_source=by_source)
+                if cfg.reward.components or by_source else None)
     allocator = build("allocator", cfg.allocator)
 
     tasks = load_task_rows(cfg)

@@ -28,7 +28,10 @@ given) replacing the option's. The source's name labels its task rows (column ``
   of the mix is the longest any source may run, and bounds them all).
 - **Servers.** A source whose env has servers (``serve``) has them checked or started once, by the driver
   (:meth:`MixEnv.serve`), and stopped with the run.
-- **Rewards** are the run's (``reward=``), for every source: the components see ``trajectory.task["source"]``.
+- **Rewards.** A source with a ``reward`` (a reward option, ``reward/<option>.yaml``, as ``reward=<option>`` would
+  select it) has its episodes scored by that option's components alone, labelled ``<source>.<label>``
+  (``reward/legs.goal/mean``); the other sources' by the run's (``reward=``). Components see
+  ``trajectory.task["source"]`` either way (:func:`source_rewards`).
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ from typing import Any, Mapping
 
 from openmanus_rl_core.protocols import StepResult
 
-__all__ = ["MixEnv", "resolve_sources", "ratios"]
+__all__ = ["MixEnv", "resolve_sources", "ratios", "source_rewards"]
 
-SOURCE_KEYS = ("env", "ratio", "kwargs", "max_turns", "train_tasks", "val_tasks", "num_tasks")
+SOURCE_KEYS = ("env", "ratio", "kwargs", "reward", "max_turns", "train_tasks", "val_tasks", "num_tasks")
 _REPLACED = ("max_turns", "train_tasks", "val_tasks", "num_tasks")
 _RESOLVED = "name"  # a resolved source names its env plugin; a source as the user writes it names an option (env)
 
@@ -58,11 +61,15 @@ def _check_source(name: str, spec: Any) -> None:
         raise ValueError(f"sources.{name}.ratio={ratio!r}: must be a positive number")
     if not isinstance(spec.get("kwargs") or {}, Mapping):
         raise ValueError(f"sources.{name}.kwargs={spec.get('kwargs')!r}: must be a mapping of the env's arguments")
+    reward = spec.get("reward")
+    if reward is not None and (not isinstance(reward, str) or not reward):
+        raise ValueError(f"sources.{name}.reward={reward!r}: must name a reward option (as reward=<option> would)")
 
 
 def resolve_sources(sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Each source as its env is built: ``{name (plugin), kwargs, max_turns, train_tasks, val_tasks, num_tasks,
-    ratio}``, composed from its env option (an already resolved source is kept)."""
+    ratio}``, and ``reward`` (its reward option's components) when it names one, composed from its options (an
+    already resolved source is kept)."""
     from omegaconf import OmegaConf
 
     from openmanus_rl_core.config import ConfigError
@@ -91,7 +98,25 @@ def resolve_sources(sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         env["kwargs"] = OmegaConf.to_container(OmegaConf.merge(env.get("kwargs") or {}, spec.get("kwargs") or {}))
         env.update({k: spec[k] for k in _REPLACED if spec.get(k) is not None})
         out[str(name)] = {**env, "ratio": float(spec.get("ratio", 1))}
+        if spec.get("reward"):
+            try:
+                reward = compose([f"reward={spec['reward']}"]).reward
+            except ConfigError as exc:
+                raise ConfigError(f"env.kwargs.sources.{name}.reward: {exc}") from None
+            out[str(name)]["reward"] = OmegaConf.to_container(reward.components, resolve=True)
     return out
+
+
+def source_rewards(env_cfg: Any) -> dict[str, dict]:
+    """``{source: its reward components}`` for the sources of an ``env=mix`` that name their own ``reward``
+    (``{}`` for any other env): what :meth:`RewardComposer.from_config
+    <openmanus_rl_core.rewards.composer.RewardComposer.from_config>` takes as ``by_source``."""
+    from openmanus_rl_core.plugin.registry import registry
+
+    if not issubclass(registry("env").get(env_cfg.name), MixEnv):
+        return {}
+    return {name: spec["reward"] for name, spec in resolve_sources(env_cfg.kwargs["sources"]).items()
+            if spec.get("reward")}
 
 
 def ratios(sources: Mapping[str, Any]) -> dict[str, float]:

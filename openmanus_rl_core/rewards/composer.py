@@ -52,7 +52,7 @@ import logging
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from openmanus_rl_core.protocols import Trajectory
@@ -93,13 +93,15 @@ class RewardBreakdown:
 
 @dataclass
 class ComponentSpec:
-    """One configured component: its label, registry name, weight and the built object."""
+    """One configured component: its label, registry name, weight and the built object; ``source``: the ``env=mix``
+    source whose own ``reward`` it belongs to (see :class:`RewardComposer`)."""
 
     label: str
     name: str
     weight: float
     component: Any
     kwargs: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None  # scores only the trajectories of this env=mix source (None: the run's components)
 
 
 def _check_weight(label: str, weight: Any) -> float:
@@ -137,6 +139,11 @@ class RewardComposer:
 
     Build it with :meth:`from_config` (names looked up in the reward registry) or directly from
     :class:`ComponentSpec` objects. See the module docstring for the formulas.
+
+    Sources (``env=mix``): a spec with a ``source`` scores only that source's trajectories
+    (``trajectory.task["source"]``); the specs without one score every trajectory whose source has no specs of its
+    own. A trajectory's breakdown holds only the labels that scored it, and each label's metrics are over those
+    trajectories.
     """
 
     def __init__(self, specs: Sequence[ComponentSpec]):
@@ -151,13 +158,26 @@ class RewardComposer:
             if not hasattr(s.component, "compute"):
                 raise TypeError(f"reward {s.label!r}: {s.component!r} has no compute(trajectory) method")
         self.specs = list(specs)
+        self._own = {s.source for s in self.specs if s.source is not None}  # sources scored by their own specs
         self._warned: set[str] = set()
+
+    def _scores(self, spec: ComponentSpec, trajectory: Trajectory) -> bool:
+        """Whether ``spec`` scores ``trajectory`` (see the class docstring on sources)."""
+        if not self._own:
+            return True
+        source = (trajectory.task or {}).get("source")
+        return spec.source == source if spec.source is not None else source not in self._own
 
     # -------------------------------------------------------------------------------- construction
     @classmethod
-    def from_config(cls, components_cfg: Mapping[str, Any] | None, template: Any = None) -> "RewardComposer":
+    def from_config(cls, components_cfg: Mapping[str, Any] | None, template: Any = None,
+                    by_source: Mapping[str, Any] | None = None) -> "RewardComposer":
         """Build from ``{label: {name, weight, kwargs}}`` (``name`` defaults to the label, ``weight`` to
         1.0, ``kwargs`` to ``{}``). The whole reward group config ``{components: {...}}`` is accepted too.
+
+        ``by_source``: ``{source: components}``, the ``env=mix`` sources with a reward of their own
+        (:func:`~openmanus_rl_core.plugin.mix.source_rewards`): each source's components, labelled
+        ``<source>.<label>``, score its trajectories instead of ``components_cfg``.
 
         ``template``: the run's :class:`~openmanus_rl_core.protocols.ActionTemplate`. A component that scores
         replies by the template's own rules has an optional ``use_template(template)`` method, called here once
@@ -206,6 +226,9 @@ class RewardComposer:
             if template is not None and callable(getattr(component, "use_template", None)):
                 component.use_template(template)
             specs.append(ComponentSpec(str(label), name, weight, component, dict(kwargs)))
+        for source, components in (by_source or {}).items():
+            specs += [replace(spec, label=f"{source}.{spec.label}", source=str(source))
+                      for spec in cls.from_config(components, template=template).specs]
         return cls(specs)
 
     @property
@@ -226,6 +249,8 @@ class RewardComposer:
         errors: dict[str, str] = {}
         turn_rewards = [0.0] * n
         for s in self.specs:
+            if not self._scores(s, trajectory):
+                continue
             try:
                 if precomputed is not None and s.label in precomputed:
                     result = precomputed[s.label]
@@ -294,12 +319,15 @@ class RewardComposer:
     def batch_metrics(self, breakdowns: Sequence[RewardBreakdown]) -> dict[str, float]:
         """The metrics :meth:`compose_batch` gives, of breakdowns composed earlier (in parts, say)."""
         metrics: dict[str, float] = {}
-        count = max(len(breakdowns), 1)
         for s in self.specs:
             lab = s.label
-            metrics[f"reward/{lab}/mean"] = sum(b.parts[lab] for b in breakdowns) / count
-            metrics[f"reward/{lab}/raw_mean"] = sum(b.raw[lab] for b in breakdowns) / count
-            metrics[f"reward/{lab}/errors"] = float(sum(lab in b.errors for b in breakdowns))
+            scored = [b for b in breakdowns if lab in b.parts]  # all of them but with env=mix sources' own rewards
+            if breakdowns and not scored:
+                continue
+            count = max(len(scored), 1)
+            metrics[f"reward/{lab}/mean"] = sum(b.parts[lab] for b in scored) / count
+            metrics[f"reward/{lab}/raw_mean"] = sum(b.raw[lab] for b in scored) / count
+            metrics[f"reward/{lab}/errors"] = float(sum(lab in b.errors for b in scored))
         sums: dict[str, list[float]] = {}
         for b in breakdowns:
             for key, v in b.extras.items():
@@ -318,16 +346,19 @@ class RewardComposer:
             batch_fn = getattr(s.component, "compute_batch", None)
             if not callable(batch_fn):
                 continue
+            mine = [i for i, t in enumerate(trajectories) if self._scores(s, t)]
+            if not mine:
+                continue
             try:
-                values = list(batch_fn(list(trajectories)))
-                if len(values) != len(trajectories):
-                    raise ValueError(f"compute_batch returned {len(values)} values for {len(trajectories)} trajectories")
+                values = list(batch_fn([trajectories[i] for i in mine]))
+                if len(values) != len(mine):
+                    raise ValueError(f"compute_batch returned {len(values)} values for {len(mine)} trajectories")
             except Exception as exc:  # the whole batch call failed: score one trajectory at a time instead
                 self._warn_once(f"{s.label}/batch", f"reward {s.label!r} ({s.name}): compute_batch failed "
                                                     f"({type(exc).__name__}: {exc}); scoring one trajectory at a time")
                 continue
-            for d, v in zip(out, values):
-                d[s.label] = v
+            for i, v in zip(mine, values):
+                out[i][s.label] = v
         return out
 
     def __repr__(self) -> str:

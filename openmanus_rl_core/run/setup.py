@@ -58,7 +58,7 @@ def setup(trainer: Any) -> None:
     from openmanus_rl_core.data.generation import ensure_task_files
     from openmanus_rl_core.data.sources import make_sampler
     from openmanus_rl_core.run.dumps import RolloutDumps
-    from openmanus_rl_core.plugin.mix import MixEnv, ratios
+    from openmanus_rl_core.plugin.mix import MixEnv, ratios, source_rewards
 
     cfg = trainer.cfg
     trainer.t_start = time.perf_counter()
@@ -103,7 +103,8 @@ def setup(trainer: Any) -> None:
     # Components used on the driver.
     trainer.template = build("template", cfg.template)
     trainer.env_factory = lambda: build("env", cfg.env)
-    configured = RewardComposer.from_config(cfg.reward.components, template=trainer.template)
+    configured = RewardComposer.from_config(cfg.reward.components, template=trainer.template,
+                                            by_source=source_rewards(cfg.env))
     trainer.composer = RewardComposer([*configured.specs, *trainer.python_rewards])  # callables checked alike
     trainer.allocator = build("allocator", cfg.allocator)
     trainer.algo = algo = cfg.algorithm
