@@ -91,6 +91,8 @@ def test_rows_of_another_source_or_a_source_without_rows_are_refused():
      "env.kwargs.sources.key_door.kwargs.colour=red: unknown key of the env 'key_door'"),
     ("+env.kwargs.sources.key_door.reward=gaol", "env.kwargs.sources.key_door.reward: reward=gaol: no such option"),
     ("env.kwargs.sources.legs.reward=3", "env.kwargs.sources.legs.reward=3: must name a reward option"),
+    ("+env.kwargs.sources.key_door.reward=reward_model",  # its model_path is ???, and a source's option is as shipped
+     "env.kwargs.sources.key_door.reward=reward_model: MissingMandatoryValue: Missing mandatory value: model_path"),
 ])
 def test_a_bad_source_is_one_line_naming_it_before_anything_is_built(tmp_path, capsys, override, line):
     from openmanus_rl_core.cli import main
@@ -151,9 +153,12 @@ def test_a_source_with_its_own_reward_option_is_scored_by_it_and_the_others_by_t
     from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
 
     cfg = load(["env=mix", *SOURCES], training=False)  # the option's default: legs scored by reward=reasoning_gym
-    own = source_rewards(cfg.env)
+    own = source_rewards(cfg)
     assert list(own) == ["legs"] and own["legs"]["goal"]["kwargs"] == {"use_score": True}
-    assert source_rewards(load(["env=key_door"], training=False).env) == {}
+    assert source_rewards(load(["env=key_door"], training=False)) == {}
+    longer = load(["env=mix", *SOURCES, "rollout.max_new_tokens=300", "+env.kwargs.sources.key_door.reward=overlong"],
+                  training=False)  # the option's ${rollout.max_new_tokens} is the run's, as under reward=overlong
+    assert source_rewards(longer)["key_door"]["overlong"]["kwargs"]["max_length"] == 300
     template = build("template", cfg.template)
     composer = RewardComposer.from_config(cfg.reward.components, template=template, by_source=own)
     train, _ = split_rows(cfg)

@@ -37,6 +37,21 @@ def _composed(n: int):
     return composer, composer.compose_batch(trajectories)[0], trajectories
 
 
+def test_an_env_mix_sources_own_component_failing_on_all_its_samples_stops_the_run():
+    composer = RewardComposer([ComponentSpec("fine", "fine", 1.0, Fine()),
+                               ComponentSpec("legs.odd", "odd", 1.0, OddTasksFail(), source="legs")])
+    trajectories = _trajectories(4)
+    for t in trajectories:  # tasks 1 and 3 are legs' (and fail), 0 and 2 another source's
+        t.task = {"source": "legs" if t.task_id % 2 else "door"}
+    breakdowns = composer.compose_batch(trajectories)[0]
+    lines: list[str] = []
+    with pytest.raises(RewardFailure, match=r"reward 'legs.odd' failed on 2 of 2 samples at step 3"):
+        check_reward_failures(composer.labels, breakdowns, trajectories, 3, "raise", lines.append)
+    check_reward_failures(composer.labels, breakdowns, trajectories, 3, "warn", lines.append)
+    assert lines == ["WARNING: reward 'legs.odd' failed on 2 of 2 samples at step 3 (scored 0 there): "
+                     "ZeroDivisionError: division by zero"]
+
+
 def test_a_partial_failure_is_one_line_per_step_with_the_count():
     composer, breakdowns, trajectories = _composed(8)
     lines: list[str] = []

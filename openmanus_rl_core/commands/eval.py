@@ -81,7 +81,7 @@ def score(cfg: Any, overrides: Sequence[str] = (), rewards: Sequence[Any] = ()) 
         episodes = loop.run(expand_tasks([dict(t, group_id=f"eval:{i}") for i, t in enumerate(tasks)], 1))
     finally:
         service.close()
-    configured = RewardComposer.from_config(c.reward.components, template=template, by_source=source_rewards(c.env))
+    configured = RewardComposer.from_config(c.reward.components, template=template, by_source=source_rewards(c))
     composer = RewardComposer([*configured.specs, *rewards])
     breakdowns, rmetrics = composer.compose_batch([e.trajectory for e in episodes])
     result = {

@@ -118,7 +118,7 @@ def _run(cfg: Any, ckpt: Any, out_dir: Path) -> int:
     torch.manual_seed(cfg.seed)
     env_factory = lambda: build("env", cfg.env)  # noqa: E731
     template = build("template", cfg.template)
-    by_source = source_rewards(cfg.env)
+    by_source = source_rewards(cfg)
     composer = (RewardComposer.from_config(cfg.reward.components, template=template, by_source=by_source)
                 if cfg.reward.components or by_source else None)
     allocator = build("allocator", cfg.allocator)

@@ -29,14 +29,16 @@ given) replacing the option's. The source's name labels its task rows (column ``
 - **Servers.** A source whose env has servers (``serve``) has them checked or started once, by the driver
   (:meth:`MixEnv.serve`), and stopped with the run.
 - **Rewards.** A source with a ``reward`` (a reward option, ``reward/<option>.yaml``, as ``reward=<option>`` would
-  select it) has its episodes scored by that option's components alone, labelled ``<source>.<label>``
-  (``reward/legs.goal/mean``); the other sources' by the run's (``reward=``). Components see
-  ``trajectory.task["source"]`` either way (:func:`source_rewards`).
+  select it, used as shipped: its interpolations read the run's config) has its episodes scored by that option's
+  components alone, labelled ``<source>.<label>`` (``reward/legs.goal/mean``); the other sources' by the run's
+  (``reward=``, and the Python rewards given to the API). Components see ``trajectory.task["source"]`` either way
+  (:func:`source_rewards`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from types import SimpleNamespace
 from typing import Any, Mapping
@@ -68,8 +70,8 @@ def _check_source(name: str, spec: Any) -> None:
 
 def resolve_sources(sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Each source as its env is built: ``{name (plugin), kwargs, max_turns, train_tasks, val_tasks, num_tasks,
-    ratio}``, and ``reward`` (its reward option's components) when it names one, composed from its options (an
-    already resolved source is kept)."""
+    ratio}``, and ``reward`` (its reward option) when it names one, composed from its env option (an already
+    resolved source is kept)."""
     from omegaconf import OmegaConf
 
     from openmanus_rl_core.config import ConfigError
@@ -100,23 +102,50 @@ def resolve_sources(sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         out[str(name)] = {**env, "ratio": float(spec.get("ratio", 1))}
         if spec.get("reward"):
             try:
-                reward = compose([f"reward={spec['reward']}"]).reward
+                _reward_option(str(spec["reward"]))
             except ConfigError as exc:
                 raise ConfigError(f"env.kwargs.sources.{name}.reward: {exc}") from None
-            out[str(name)]["reward"] = OmegaConf.to_container(reward.components, resolve=True)
+            out[str(name)]["reward"] = str(spec["reward"])
     return out
 
 
-def source_rewards(env_cfg: Any) -> dict[str, dict]:
-    """``{source: its reward components}`` for the sources of an ``env=mix`` that name their own ``reward``
-    (``{}`` for any other env): what :meth:`RewardComposer.from_config
-    <openmanus_rl_core.rewards.composer.RewardComposer.from_config>` takes as ``by_source``."""
+@functools.lru_cache(maxsize=None)
+def _reward_option(option: str) -> dict:
+    """The components of ``reward=<option>``, their interpolations unresolved."""
+    from omegaconf import OmegaConf
+
+    from openmanus_rl_core.config.loading import compose
+
+    return OmegaConf.to_container(compose([f"reward={option}"]).reward.components, resolve=False)
+
+
+def source_rewards(cfg: Any) -> dict[str, dict]:
+    """``{source: its reward components}`` for the sources of an ``env=mix`` run (``cfg``, the typed config) that
+    name their own ``reward`` (``{}`` for any other env), resolved against ``cfg`` as the run's own ``reward=``
+    would be: what :meth:`RewardComposer.from_config
+    <openmanus_rl_core.rewards.composer.RewardComposer.from_config>` takes as ``by_source``. Raises
+    :class:`~openmanus_rl_core.config.ConfigError` for an option that leaves a value to be set (``???``)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from openmanus_rl_core.config import ConfigError
     from openmanus_rl_core.plugin.registry import registry
 
-    if not issubclass(registry("env").get(env_cfg.name), MixEnv):
+    if not issubclass(registry("env").get(cfg.env.name), MixEnv):
         return {}
-    return {name: spec["reward"] for name, spec in resolve_sources(env_cfg.kwargs["sources"]).items()
-            if spec.get("reward")}
+    out = {}
+    for name, spec in resolve_sources(cfg.env.kwargs["sources"]).items():
+        if not spec.get("reward"):
+            continue
+        run = OmegaConf.structured(cfg)
+        run.reward.components = _reward_option(spec["reward"])
+        try:
+            out[name] = OmegaConf.to_container(run.reward.components, resolve=True, throw_on_missing=True)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"env.kwargs.sources.{name}.reward={spec['reward']}: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0]}; a source's reward option is used as shipped, so pick "
+                              f"one that needs no value set") from None
+    return out
 
 
 def ratios(sources: Mapping[str, Any]) -> dict[str, float]:

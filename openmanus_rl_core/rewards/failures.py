@@ -4,8 +4,9 @@ The composer scores a failed sample 0 and keeps the message (:class:`~openmanus_
 ``errors``), so one bad sample never stops a batch. A component that fails on *every* sample of a step is a bug,
 not noise: a run trained on it would learn from a reward stuck at 0. So, after each step's rewards are composed:
 
-- a component that failed on every sample stops the run (:class:`RewardFailure`, exit 1) with one line naming it,
-  its exception and one trajectory; with ``reward.on_error=warn`` that is a console line and the run goes on;
+- a component that failed on every sample it scored (an ``env=mix`` source's own component scores that source's)
+  stops the run (:class:`RewardFailure`, exit 1) with one line naming it, its exception and one trajectory; with
+  ``reward.on_error=warn`` that is a console line and the run goes on;
 - a component that failed on some samples prints one console line for the step, with the count.
 """
 
@@ -32,11 +33,11 @@ def check_reward_failures(labels: Sequence[str], breakdowns: Sequence[Any], traj
                           step: int, on_error: str, log: Callable[[str], None]) -> None:
     """One console line per component that failed on some of the step's samples; :class:`RewardFailure` for one
     that failed on all of them, unless ``on_error == "warn"``."""
-    total = len(breakdowns)
     for label in labels:
         failed = [i for i, b in enumerate(breakdowns) if label in b.errors]
         if not failed:
             continue
+        total = sum(label in b.parts for b in breakdowns)  # the samples it scored (an env=mix source's: its own)
         first = failed[0]
         what = (f"reward {label!r} failed on {len(failed)} of {total} samples at step {step} (scored 0 there): "
                 f"{breakdowns[first].errors[label]}")

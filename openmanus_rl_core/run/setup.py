@@ -104,7 +104,7 @@ def setup(trainer: Any) -> None:
     trainer.template = build("template", cfg.template)
     trainer.env_factory = lambda: build("env", cfg.env)
     configured = RewardComposer.from_config(cfg.reward.components, template=trainer.template,
-                                            by_source=source_rewards(cfg.env))
+                                            by_source=source_rewards(cfg))
     trainer.composer = RewardComposer([*configured.specs, *trainer.python_rewards])  # callables checked alike
     trainer.allocator = build("allocator", cfg.allocator)
     trainer.algo = algo = cfg.algorithm
