@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,7 @@ def test_a_source_with_its_own_reward_option_is_scored_by_it_and_the_others_by_t
     own = source_rewards(cfg)
     assert list(own) == ["legs"] and own["legs"]["goal"]["kwargs"] == {"use_score": True}
     assert source_rewards(load(["env=key_door"], training=False)) == {}
+    assert source_rewards(SimpleNamespace(env=SimpleNamespace(name="agentgym_academia"))) == {}  # a factory object
     longer = load(["env=mix", *SOURCES, "rollout.max_new_tokens=300", "+env.kwargs.sources.key_door.reward=overlong"],
                   training=False)  # the option's ${rollout.max_new_tokens} is the run's, as under reward=overlong
     assert source_rewards(longer)["key_door"]["overlong"]["kwargs"]["max_length"] == 300

@@ -45,7 +45,7 @@ from typing import Any, Mapping
 
 from openmanus_rl_core.protocols import StepResult
 
-__all__ = ["MixEnv", "resolve_sources", "ratios", "source_rewards"]
+__all__ = ["MixEnv", "is_mix", "resolve_sources", "ratios", "source_rewards"]
 
 SOURCE_KEYS = ("env", "ratio", "kwargs", "reward", "max_turns", "train_tasks", "val_tasks", "num_tasks")
 _REPLACED = ("max_turns", "train_tasks", "val_tasks", "num_tasks")
@@ -95,7 +95,7 @@ def resolve_sources(sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             env = OmegaConf.to_container(compose([f"env={option}"]).env, resolve=True)
         except ConfigError as exc:
             raise ConfigError(f"env.kwargs.sources.{name}.env: {exc}") from None
-        if issubclass(registry("env").get(env["name"]), MixEnv):
+        if is_mix(registry("env").get(env["name"])):
             raise ConfigError(f"env.kwargs.sources.{name}.env={option}: a source cannot be a mix itself")
         env["kwargs"] = OmegaConf.to_container(OmegaConf.merge(env.get("kwargs") or {}, spec.get("kwargs") or {}))
         env.update({k: spec[k] for k in _REPLACED if spec.get(k) is not None})
@@ -131,7 +131,7 @@ def source_rewards(cfg: Any) -> dict[str, dict]:
     from openmanus_rl_core.config import ConfigError
     from openmanus_rl_core.plugin.registry import registry
 
-    if not issubclass(registry("env").get(cfg.env.name), MixEnv):
+    if not is_mix(registry("env").get(cfg.env.name)):
         return {}
     out = {}
     for name, spec in resolve_sources(cfg.env.kwargs["sources"]).items():
@@ -146,6 +146,11 @@ def source_rewards(cfg: Any) -> dict[str, dict]:
                               f"{str(exc).splitlines()[0]}; a source's reward option is used as shipped, so pick "
                               f"one that needs no value set") from None
     return out
+
+
+def is_mix(factory: Any) -> bool:
+    """Whether an env plugin (a class, or a function that builds an env) is ``env=mix``."""
+    return isinstance(factory, type) and issubclass(factory, MixEnv)
 
 
 def ratios(sources: Mapping[str, Any]) -> dict[str, float]:
