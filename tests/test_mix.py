@@ -93,7 +93,7 @@ def test_rows_of_another_source_or_a_source_without_rows_are_refused():
     ("+env.kwargs.sources.key_door.reward=gaol", "env.kwargs.sources.key_door.reward: reward=gaol: no such option"),
     ("env.kwargs.sources.legs.reward=3", "env.kwargs.sources.legs.reward=3: must name a reward option"),
     ("+env.kwargs.sources.key_door.reward=reward_model",  # its model_path is ???, and a source's option is as shipped
-     "env.kwargs.sources.key_door.reward=reward_model: MissingMandatoryValue: Missing mandatory value: model_path"),
+     "env.kwargs.sources.key_door.reward: reward.components.rm.kwargs.model_path: Missing mandatory value"),
 ])
 def test_a_bad_source_is_one_line_naming_it_before_anything_is_built(tmp_path, capsys, override, line):
     from openmanus_rl_core.cli import main

@@ -119,16 +119,11 @@ def _check_components(c: Config) -> None:
     names = [("env", c.env.name), ("template", c.template.name), ("allocator", c.allocator.name),
              ("advantage", c.algorithm.adv_estimator), ("loss", c.algorithm.policy_loss), ("engine", c.rollout.engine),
              ("memory", c.memory.name)]
-    from openmanus_rl_core.plugin.mix import source_rewards
-
-    components = [(str(label), str(label), spec) for label, spec in c.reward.components.items()]
-    components += [(f"{source}.{label}", str(label), spec) for source, comps in source_rewards(c).items()
-                   for label, spec in comps.items()]  # env=mix sources' own reward options
-    for where, label, spec in components:
+    for label, spec in c.reward.components.items():
         if (spec or {}).get("path"):  # a scorer in a Python file: checked without running it
             from openmanus_rl_core.rewards.files import check_reward_file
 
-            check_reward_file(where, spec)
+            check_reward_file(str(label), spec)
         else:
             names.append(("reward", (spec or {}).get("name") or label))
     for kind, name in names:

@@ -85,17 +85,14 @@ def tracker_settings(cfg: Any, name: str, kwargs_cls: type) -> Any:
 def _plugin_nodes(c: Any) -> Iterator[tuple[str, str, str, Any]]:
     """``(key of the kwargs, kind, name, kwargs)`` of every selected plugin component."""
     from openmanus_rl_core.config import ConfigError
-    from openmanus_rl_core.plugin.mix import source_rewards
     from openmanus_rl_core.rewards.composer import _SPEC_KEYS
 
     for kind in ("env", "template", "allocator", "memory"):
         node = getattr(c, kind)
         yield f"{kind}.kwargs", kind, node.name, node.kwargs
     yield "rollout.engine_kwargs", "engine", c.rollout.engine, c.rollout.engine_kwargs
-    components = [(f"reward.components.{label}", label, spec) for label, spec in (c.reward.components or {}).items()]
-    components += [(f"env.kwargs.sources.{source}.reward: components.{label}", label, spec)  # env=mix sources'
-                   for source, comps in source_rewards(c).items() for label, spec in comps.items()]
-    for at, label, spec in components:
+    for label, spec in (c.reward.components or {}).items():
+        at = f"reward.components.{label}"
         spec = spec or {}
         if not isinstance(spec, Mapping):
             raise ConfigError(f"{at}={spec!r}: must be a mapping with keys {', '.join(_SPEC_KEYS)}")

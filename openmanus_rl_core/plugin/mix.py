@@ -111,40 +111,34 @@ def resolve_sources(sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 @functools.lru_cache(maxsize=None)
 def _reward_option(option: str) -> dict:
-    """The components of ``reward=<option>``, their interpolations unresolved."""
+    """The components of ``reward=<option>``, their interpolations unresolved, once the option has passed the checks
+    the run's own ``reward=`` gets (every component found, its kwargs accepted, no value left to set: ``???``)."""
     from omegaconf import OmegaConf
 
-    from openmanus_rl_core.config.loading import compose
+    from openmanus_rl_core.config.loading import check, compose
 
-    return OmegaConf.to_container(compose([f"reward={option}"]).reward.components, resolve=False)
+    cfg = compose([f"reward={option}"])
+    check(cfg, training=False)
+    return OmegaConf.to_container(cfg.reward.components, resolve=False)
 
 
 def source_rewards(cfg: Any) -> dict[str, dict]:
     """``{source: its reward components}`` for the sources of an ``env=mix`` run (``cfg``, the typed config) that
     name their own ``reward`` (``{}`` for any other env), resolved against ``cfg`` as the run's own ``reward=``
     would be: what :meth:`RewardComposer.from_config
-    <openmanus_rl_core.rewards.composer.RewardComposer.from_config>` takes as ``by_source``. Raises
-    :class:`~openmanus_rl_core.config.ConfigError` for an option that leaves a value to be set (``???``)."""
+    <openmanus_rl_core.rewards.composer.RewardComposer.from_config>` takes as ``by_source``."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
-    from openmanus_rl_core.config import ConfigError
     from openmanus_rl_core.plugin.registry import registry
 
     if not is_mix(registry("env").get(cfg.env.name)):
         return {}
     out = {}
     for name, spec in resolve_sources(cfg.env.kwargs["sources"]).items():
-        if not spec.get("reward"):
-            continue
-        run = OmegaConf.structured(cfg)
-        run.reward.components = _reward_option(spec["reward"])
-        try:
-            out[name] = OmegaConf.to_container(run.reward.components, resolve=True, throw_on_missing=True)
-        except OmegaConfBaseException as exc:
-            raise ConfigError(f"env.kwargs.sources.{name}.reward={spec['reward']}: {type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0]}; a source's reward option is used as shipped, so pick "
-                              f"one that needs no value set") from None
+        if spec.get("reward"):
+            run = OmegaConf.structured(cfg)
+            run.reward.components = _reward_option(spec["reward"])
+            out[name] = OmegaConf.to_container(run.reward.components, resolve=True)
     return out
 
 
