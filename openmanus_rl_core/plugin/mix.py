@@ -133,12 +133,12 @@ def source_rewards(cfg: Any) -> dict[str, dict]:
 
     if not is_mix(registry("env").get(cfg.env.name)):
         return {}
+    options = {str(name): spec["reward"] for name, spec in cfg.env.kwargs["sources"].items() if spec.get("reward")}
+    run = OmegaConf.structured(cfg) if options else None  # the config each option's interpolations read
     out = {}
-    for name, spec in resolve_sources(cfg.env.kwargs["sources"]).items():
-        if spec.get("reward"):
-            run = OmegaConf.structured(cfg)
-            run.reward.components = _reward_option(spec["reward"])
-            out[name] = OmegaConf.to_container(run.reward.components, resolve=True)
+    for name, option in options.items():  # checked with the settings (resolve_sources): an option's name here
+        run.reward.components = _reward_option(option)
+        out[name] = OmegaConf.to_container(run.reward.components, resolve=True)
     return out
 
 
