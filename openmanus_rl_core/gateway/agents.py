@@ -19,7 +19,9 @@
 An agent running longer than ``agent.timeout_s`` is stopped with the error ``timed out after <t>s (killed)``
 (``(cancelled)`` for a function). When ``abandon()`` (polled every :data:`ABANDON_POLL_S`) returns True, every
 running agent is stopped and each unfinished job's error is ``abandoned``. Every error but ``abandoned`` is also one
-``log`` line naming the task. When :func:`run_agents` returns or raises, no agent process is left.
+``log`` line naming the task. When :func:`run_agents` returns or raises, no agent process is left: each agent's
+whole process group is waited for after its SIGKILL (at most :data:`GONE_WAIT_S`; a process that still does not go,
+one stuck in the kernel, is one ``log`` line naming its pids).
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
 from openmanus_rl_core.config import ConfigError
-from openmanus_rl_core.process.guard import guarded
+from openmanus_rl_core.process.guard import group_members, guarded
 
 KILL_GRACE_S = 2.0  # seconds between SIGTERM to an agent's process group and SIGKILL
+GONE_WAIT_S = 5.0  # how long a SIGKILLed group may take to go (the signal is delivered asynchronously)
 STDERR_TAIL_CHARS = 2000
 ABANDON_POLL_S = 0.2
 _GUARD_POLL_S = 0.5  # how soon an agent notices that the process running run_agents was killed
@@ -144,13 +147,13 @@ def run_agents(jobs: Sequence[AgentJob], cfg: Any, base_url: str, model: str, lo
     job order; ``running(key, True)`` when a job's agent starts, ``running(key, False)`` when it ends. See the
     module doc for what an agent gets and how it is stopped."""
     groups: set[int] = set()  # the process groups of the agents running now
-    run_one = job_runner(cfg, base_url, model, groups)
+    run_one = job_runner(cfg, base_url, model, groups, log)
     loop = asyncio.new_event_loop()
     try:
         return loop.run_until_complete(_run_all(list(jobs), run_one, int(cfg.max_concurrent), log, abandon,
                                                 running))
     finally:  # normally a no-op; after an exception in this thread the agents still running end here
-        stop_groups(groups)
+        stop_groups(groups, log)
         rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
         for task in rest:
             task.cancel()
@@ -160,19 +163,41 @@ def run_agents(jobs: Sequence[AgentJob], cfg: Any, base_url: str, model: str, lo
         loop.close()
 
 
-def job_runner(cfg: Any, base_url: str, model: str, groups: set[int]) -> Callable[[AgentJob], Awaitable[Any]]:
+def job_runner(cfg: Any, base_url: str, model: str, groups: set[int],
+               log: Callable[[str], None]) -> Callable[[AgentJob], Awaitable[Any]]:
     """The coroutine function that runs one agent of ``cfg`` for one job (what :func:`run_agents` runs per job;
     :func:`run_job` turns it into an outcome). ``groups`` holds the process groups of the commands running now
-    (to stop them all at once)."""
+    (to stop them all at once); ``log`` is told of a process that outlives its group's SIGKILL."""
     if cfg.command:
-        return _command_runner(_command_argv(cfg.command), float(cfg.timeout_s), base_url, model, groups)
+        return _command_runner(_command_argv(cfg.command), float(cfg.timeout_s), base_url, model, groups, log)
     return _function_runner(_load_function(cfg.function), float(cfg.timeout_s), base_url, model)
 
 
-def stop_groups(groups: set[int]) -> None:
-    """SIGKILL to every command agent's process group still running."""
-    for pgid in list(groups):
+def stop_groups(groups: set[int], log: Callable[[str], None]) -> None:
+    """SIGKILL to every command agent's process group still running; returns once they are gone (bounded by
+    :data:`GONE_WAIT_S`)."""
+    pgids = list(groups)
+    for pgid in pgids:
         _signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + GONE_WAIT_S
+    for pgid in pgids:
+        while (left := group_members(pgid)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _log_left(pgid, left, log)
+
+
+async def _group_gone(pgid: int, log: Callable[[str], None]) -> None:
+    """Waits until process group ``pgid``, just sent SIGKILL, has no live process (at most :data:`GONE_WAIT_S`)."""
+    deadline = time.monotonic() + GONE_WAIT_S
+    while (left := group_members(pgid)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    _log_left(pgid, left, log)
+
+
+def _log_left(pgid: int, left: list[int], log: Callable[[str], None]) -> None:
+    if left:
+        log(f"agent process group {pgid}: pids {', '.join(map(str, left))} still running {GONE_WAIT_S:g}s after "
+            f"SIGKILL (stuck in the kernel?); left behind")
 
 
 async def _run_all(jobs: list[AgentJob], run_one: Callable[[AgentJob], Awaitable[float | None]], max_concurrent: int,
@@ -220,8 +245,8 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass  # the group is gone already
 
 
-def _command_runner(argv: list[str], timeout_s: float, base_url: str, model: str,
-                    groups: set[int]) -> Callable[[AgentJob], Awaitable[None]]:
+def _command_runner(argv: list[str], timeout_s: float, base_url: str, model: str, groups: set[int],
+                    log: Callable[[str], None]) -> Callable[[AgentJob], Awaitable[None]]:
     async def run(job: AgentJob) -> None:
         env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": job.key, "OMRL_MODEL": model,
                "OMRL_TASK": json.dumps(job.task)}
@@ -248,6 +273,7 @@ def _command_runner(argv: list[str], timeout_s: float, base_url: str, model: str
                 raise
         finally:
             _signal_group(proc.pid, signal.SIGKILL)  # what the agent left running when it ended
+            await _group_gone(proc.pid, log)
             groups.discard(proc.pid)
             await asyncio.wait([reader], timeout=1.0)  # a process outside the group may still hold its stderr
             reader.cancel()

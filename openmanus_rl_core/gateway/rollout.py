@@ -76,7 +76,7 @@ class AgentStream:
         self.gateway = agents.gateway
         cfg = agents.cfg
         self.groups: set[int] = set()
-        self.run_one = job_runner(cfg, self.gateway.base_url, cfg.model_name, self.groups)
+        self.run_one = job_runner(cfg, self.gateway.base_url, cfg.model_name, self.groups, agents.log)
         self.ended: queue.SimpleQueue = queue.SimpleQueue()
         self.live = 0
         self.stats: dict[str, Any] = {"generate_calls": 0, "gen_s": 0.0, "env_wait_s": 0.0, "gen_rows": 0}
@@ -119,7 +119,7 @@ class AgentStream:
         return out
 
     def close(self) -> None:
-        stop_groups(self.groups)
+        stop_groups(self.groups, self.agents.log)
         for task in asyncio.all_tasks(self.loop):
             self.loop.call_soon_threadsafe(task.cancel)
         self.loop.call_soon_threadsafe(self.loop.stop)

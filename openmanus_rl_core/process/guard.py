@@ -51,6 +51,23 @@ def _gone(pid: int) -> bool:
         return False
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, read from /proc. A SIGKILL is delivered
+    asynchronously: the group's processes are still listed here for a moment after ``killpg`` returns."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # it exited while we looked
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(entry.name))
+    return members
+
+
 def _stop_group(grace: float, child: subprocess.Popen) -> None:
     os.killpg(0, signal.SIGTERM)  # the guard's own handler ignores it; the child and its children get it
     deadline = time.monotonic() + grace
