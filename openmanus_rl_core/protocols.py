@@ -35,6 +35,7 @@ __all__ = [
     "Trajectory",
     "RewardComponent",
     "Allocator",
+    "Constraint",
     "SamplingParams",
     "Generation",
     "RolloutEngine",
@@ -92,6 +93,9 @@ class Env(Protocol):
       demonstration). The rollout calls it instead of ``reset`` when the task row has an ``observation``.
     - ``serve(**kwargs) -> EnvService`` on the env's entry point (class or factory), for envs behind servers: see
       :mod:`openmanus_rl_core.plugin.envs`.
+    - ``check_run(kwargs, cfg) -> None`` on the env's entry point: rules across config sections, checked with a
+      training run's config before anything starts (``kwargs``: ``env.kwargs``; ``cfg``: the typed config); a ``ValueError`` whose
+      message starts with the key it names is the one-line error (e.g. ``rollout.mode=lockstep: ...``).
     - ``tools: list[dict]`` -- the env's tools as OpenAI function schemas (``{"type": "function", "function":
       {"name", "description", "parameters"}}``). With a tool-calling template (``ActionTemplate.calls_tools``) the
       prompt is rendered with ``tokenizer.apply_chat_template(..., tools=tools)`` and ``step`` receives a call as the
@@ -281,8 +285,38 @@ class Allocator(Protocol):
 
 # ------------------------------------------------------------------------------------------ engine
 @dataclass
+class Constraint:
+    """What a reply must be, for grammar-constrained decoding: exactly one of
+
+    - ``json_schema``: one JSON value valid against this schema (a dict), written compactly with ``json.dumps``'s
+      default separators (``", "`` and ``": "``, no other whitespace);
+    - ``lark``: text matching this Lark grammar, in the dialect of the llguidance library (``%json {schema}``
+      embeds a JSON schema, written as above; see ``engines/constrained.py``, which also builds tool-call grammars).
+
+    The reply ends (EOS) only where the grammar allows it. ``name`` says what it is, for messages and logs.
+    Engines draw each token from the model's distribution masked to the tokens the grammar allows, renormalised,
+    and record that distribution's log-probability.
+    """
+
+    json_schema: dict[str, Any] | None = None
+    lark: str | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.json_schema is None) == (self.lark is None):
+            raise ValueError(f"a Constraint takes exactly one of json_schema and lark, got json_schema="
+                             f"{self.json_schema!r}, lark={self.lark!r}")
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise ValueError(f"Constraint.json_schema must be a dict (a JSON schema), not {self.json_schema!r}")
+
+
+@dataclass
 class SamplingParams:
-    """How an engine samples. ``stop`` strings end a reply (kept in the output)."""
+    """How an engine samples. ``stop`` strings end a reply (kept in the output).
+
+    ``constraint``: None (free text); one :class:`Constraint` for every prompt of the call; or a list with one
+    ``Constraint | None`` per prompt (rows of one batch may differ).
+    """
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -290,6 +324,7 @@ class SamplingParams:
     top_k: int = 0
     stop: list[str] = field(default_factory=list)
     greedy: bool = False
+    constraint: Constraint | list[Constraint | None] | None = None
 
 
 @dataclass

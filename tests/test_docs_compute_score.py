@@ -1,5 +1,5 @@
-"""README.md and docs/writing-plugins.md give the one ``compute_score`` signature the code calls, and say what
-``solution_str`` holds; the guide's test step names the install that brings pytest."""
+"""docs/use.md (the rewards a run composes) and docs/writing-plugins.md give the one ``compute_score`` signature the
+code calls, and say what ``solution_str`` holds; the guide's test step names the install that brings pytest."""
 
 import re
 from pathlib import Path
@@ -12,11 +12,11 @@ SIGNATURE = "compute_score(data_source, solution_str, ground_truth, extra_info=N
 
 
 def _text(name: str) -> str:
-    return re.sub(r"\s+", " ", (REPO / name).read_text())  # the README wraps the signature across lines
+    return re.sub(r"\s+", " ", (REPO / name).read_text())  # the pages wrap the signature across lines
 
 
-def test_readme_and_guide_give_the_signature_the_code_calls():
-    for doc in ("README.md", "docs/writing-plugins.md"):
+def test_the_use_page_and_guide_give_the_signature_the_code_calls():
+    for doc in ("docs/use.md", "docs/writing-plugins.md"):
         text = _text(doc)
         signatures = set(re.findall(r"compute_score\([^)]*\)", text))
         assert signatures == {SIGNATURE}, (doc, signatures)

@@ -17,6 +17,13 @@ rollout's ``old_log_prob`` and the actor's new one are the same function of the 
 the sampler is a truncation of that distribution; the small mismatch is the usual one and vanishes at top_p=1,
 top_k=0.)
 
+With a grammar constraint (``params.constraint``, :mod:`.constrained`), a row's ``z`` first has the tokens its
+grammar forbids set to ``-inf``: ``logp`` is then ``log_softmax`` over the allowed tokens only, the distribution
+the token was drawn from, and that is the log-probability recorded. The actor recomputes the unmasked
+``log_softmax(logits / T)``; on a constrained token the two differ by ``-log`` (the allowed tokens' mass) >= 0, which
+the update sees as it sees any rollout/trainer mismatch (``algorithms/correction.py``: ``rollout_correction=tis``
+weights the token by ``min(pi_unmasked / pi_masked, cap)``, at most 1).
+
 Stopping, per sequence: at an EOS token (the tokenizer's and the model's generation config's; the EOS token is kept
 in ``token_ids``, left out of ``text``); at a stop string (decoded incrementally over the tail of the sequence; the
 token that completes the stop string is the last one kept, so the stop string stays in the output and nothing
@@ -35,6 +42,7 @@ from openmanus_rl_core.models.loading import avoid_cudnn_attention, cache_keywor
 from openmanus_rl_core.protocols import Generation, SamplingParams
 from openmanus_rl_core.models import shared_prompt
 from openmanus_rl_core.engines.fast_decode import FastDecode
+from openmanus_rl_core.engines.constrained import Grammars, RowMatchers
 from openmanus_rl_core.engines.prefix_cache import PrefixCache
 
 __all__ = ["HFEngine", "filter_logits"]
@@ -110,6 +118,8 @@ class HFEngine:
             (lambda ids: backend.decode(ids, skip_special_tokens=False)) if hasattr(backend, "decode")
             else (lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
         )
+        # Grammars compile against the tokenizer on first use (llguidance reads Hugging Face fast tokenizers).
+        self.grammars = Grammars(tokenizer, self.eos_token_ids) if hasattr(tokenizer, "backend_tokenizer") else None
         self.calls = 0  # generate() calls so far (metrics, tests)
         self.asleep = False
 
@@ -311,6 +321,7 @@ class HFEngine:
         rows = list(range(B))  # batch row -> output index, for the live rows
         hits = [self.prefix_cache.match(p) for p in prompts] if self.prefix_cache is not None else None
         cache, logits, attn = self._prefill(input_ids, attn, position_ids, prompts, hits)
+        grammar = RowMatchers.start(self.grammars, params.constraint, B, logits.shape[-1])
         step_pos, kw = position_ids, self.cache_kw
         for step in range(max_new):
             if step and self.fast is not None:
@@ -321,9 +332,11 @@ class HFEngine:
                 cache = getattr(out, kw)
                 logits = out.logits[:, -1, :].float()
             z = logits / temperature
+            if grammar is not None:
+                z = grammar.mask(z)  # forbidden tokens -inf: logp below is the masked, renormalised distribution
             logp = torch.log_softmax(z, dim=-1)
             if greedy:
-                tokens = logits.argmax(dim=-1)
+                tokens = z.argmax(dim=-1)
             else:
                 # Gumbel-max: argmax(z' + Gumbel noise) is an exact sample of softmax(z'), and cheaper than
                 # torch.multinomial on a CPU.
@@ -353,6 +366,8 @@ class HFEngine:
                 self._remember(cache, attn, [(r, rows[r]) for r in ended], prompts, out_ids)
             if last:
                 break
+            if grammar is not None:
+                grammar.advance(tok_list, keep)
 
             next_tokens = tokens.unsqueeze(-1)
             last_pos = step_pos[:, -1:]

@@ -50,6 +50,9 @@ Built from a path: vLLM loads it.
 Seeding: one vLLM seed per request, drawn from the engine's own generator, and no chunked prefill
 (:mod:`openmanus_rl_core.engines.vllm_sampling` says why).
 
+Constraints (``SamplingParams.constraint``): vLLM's structured outputs on its llguidance backend, with the grammar
+``hf`` uses (:mod:`openmanus_rl_core.engines.vllm_sampling`); the log-probs are those of the masked distribution.
+
 Memory: the KV cache is sized from this worker's share of its device (:mod:`openmanus_rl_core.engines.vllm_memory`),
 printed at start and kept in ``engine.memory``.
 """
@@ -67,7 +70,8 @@ from typing import Any
 import torch
 
 from openmanus_rl_core.engines import check_prompts
-from openmanus_rl_core.engines.vllm_sampling import RequestParams
+from openmanus_rl_core.engines.constrained import per_row
+from openmanus_rl_core.engines.vllm_sampling import RequestParams, structured_outputs_backend
 from openmanus_rl_core.engines.vllm_memory import GiB, engine_arg_exists, memory_budget, vllm_batch_defaults
 from openmanus_rl_core.engines.vllm_tmpdir import own_tmpdir, remove_orphaned_tmpdirs
 from openmanus_rl_core.protocols import Generation, SamplingParams
@@ -246,6 +250,7 @@ class VLLMEngine:
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = int(max_model_len)
+        kwargs.update(structured_outputs_backend())  # constraints: the llguidance grammars hf runs too
         kwargs.update(llm_kwargs)
         kwargs["enable_chunked_prefill"] = False  # see "Seeding" in the module docstring
         defaults = vllm_batch_defaults()
@@ -273,18 +278,31 @@ class VLLMEngine:
                   else contextlib.nullcontext())
         with _preserved_global_rng(), hidden:
             self.llm = vllm.LLM(**kwargs)
+        # vLLM's CPU attention checks that a call runs on the OpenMP thread count its start-up bound (and then turns
+        # torch.set_num_threads into a no-op); a thread of ours (the group stream's, the gateway's batcher) starts at
+        # OMP_NUM_THREADS, which Ray sets to 1. generate() puts the bound count back in whichever thread calls it.
+        self.omp_threads = torch.get_num_threads()
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
 
         self.generator = torch.Generator()
         self.generator.manual_seed(int(seed))
-        self.eos_token_ids = self._eos_ids(eos_from_model)
-        self.request_params = RequestParams(vllm, self.eos_token_ids)
+        self.request_params = RequestParams(vllm, self._eos_ids(eos_from_model))
         self._asleep = False
         self._weights_asleep = False
         self._weights_discarded = False  # sleep(level=2) dropped them; only update_weights brings them back
         self.calls = 0  # generate() calls so far (metrics, tests)
         if push_state is not None:
             self.update_weights(push_state)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """The ids that end a reply (kept in its token_ids). Set it to change them: every later request stops on the
+        new ones, as HFEngine's do."""
+        return self.request_params.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: Any) -> None:
+        self.request_params.eos_token_ids = set(ids)
 
     def _eos_ids(self, model_eos: Any) -> set[int]:
         ids: set[int] = set()
@@ -380,14 +398,16 @@ class VLLMEngine:
             self.wake_up()
         # One vLLM seed per request, drawn from this engine's generator (reproducible, checkpointable).
         seeds = torch.randint(0, 2 ** 31 - 1, (B,), generator=self.generator).tolist()
+        constraints = per_row(params.constraint, B)
         requests, sps = [], []
-        for p, s in zip(prompts, seeds):
+        for p, s, c in zip(prompts, seeds, constraints):
             room = self.max_model_len - len(p)
             if room <= 0:
                 raise ValueError(f"VLLMEngine: a prompt of {len(p)} tokens leaves no room in max_model_len="
                                  f"{self.max_model_len}; shorten the prompt or raise max_model_len")
             requests.append(TokensPrompt(prompt_token_ids=[int(t) for t in p]))
-            sps.append(self.request_params(params, min(max_new, room), s))
+            sps.append(self.request_params(params, min(max_new, room), s, c))
+        torch._C.set_num_threads(self.omp_threads)  # the calling thread's count, as vLLM bound it (see _start)
         outputs = self.llm.generate(requests, sps, use_tqdm=False)
 
         gens: list[Generation] = []

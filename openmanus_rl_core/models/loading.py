@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from openmanus_rl_core.config.schema import LoraConfig, ModelConfig
+from openmanus_rl_core.models.chat_template import CHATML_TEMPLATE
 
 __all__ = [
     "ENDOFTEXT",
@@ -44,14 +45,6 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
 """Ids 0, 1, 2 of every tokenizer :func:`build_tokenizer` trains (special tokens come first)."""
-
-CHATML_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-"""Qwen-style ChatML (system / user / assistant), with ``add_generation_prompt`` support."""
 
 # Texts always added to the tokenizer corpus, so the chat scaffolding ("system", "user", "assistant", newlines)
 # gets merged tokens even when the caller's corpus is small.

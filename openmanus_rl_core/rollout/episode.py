@@ -20,7 +20,10 @@ class Episode:
 
     With a per-turn memory, ``contexts[t]`` is the prompt the model saw before reply ``t`` (its own training
     sample); ``response_ids`` then holds the replies back to back (all mask 1, ``Turn.span`` indexes them) and
-    ``prompt_ids`` is ``contexts[0]``. With the ``full`` memory ``contexts`` is empty.
+    ``prompt_ids`` is ``contexts[0]``. With the ``full`` memory ``contexts`` is empty. ``context_turns`` (an agent
+    behind the gateway whose history broke: one sample per segment of turns) makes ``contexts[k]`` the prompt of
+    the sample that starts at turn ``context_turns[k]`` and runs to the next one's start; the response between
+    holds its replies and the masked tokens between them.
 
     ``versions`` is aligned with ``response_ids``: the policy version (optimizer steps completed) whose weights
     generated each mask-1 token, -1 on mask-0 tokens. A partial rollout that spans a weight update holds several.
@@ -35,6 +38,7 @@ class Episode:
     anchor_obs: list[str] = field(default_factory=list)
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
     contexts: list[list[int]] = field(default_factory=list)
+    context_turns: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
 
     @property
@@ -56,9 +60,24 @@ class Episode:
 
     def context_ids(self, t: int) -> list[int]:
         """The exact tokens the model saw before reply ``t``."""
+        if self.contexts and self.context_turns:
+            k = max(k for k, first in enumerate(self.context_turns) if first <= t)
+            start = self.trajectory.turns[self.context_turns[k]].span[0]
+            return list(self.contexts[k]) + self.response_ids[start: self.trajectory.turns[t].span[0]]
         if self.contexts:
             return list(self.contexts[t])
         return self.prompt_ids + self.response_ids[: self.trajectory.turns[t].span[0]]
+
+    def samples(self) -> list[tuple[list[int], tuple[int, int], tuple[int, int]]]:
+        """The episode's training samples: ``(prompt ids, response slice [s, e), turns [first, last + 1))``: one
+        for the whole episode, one per turn with a per-turn memory, one per segment with ``context_turns``."""
+        spans = self.trajectory.segments
+        if not self.contexts:
+            return [(self.prompt_ids, (0, len(self.response_ids)), (0, len(spans)))]
+        starts = self.context_turns or list(range(len(spans)))
+        ends = list(starts[1:]) + [len(spans)]
+        return [(self.contexts[k], (spans[a][0], spans[b - 1][1]), (a, b))
+                for k, (a, b) in enumerate(zip(starts, ends))]
 
 
 class LiveEpisode:

@@ -94,7 +94,8 @@ class RankStream:
         self.stopping = threading.Event()
         # OpenMP's thread count is per thread: a new thread starts at OMP_NUM_THREADS (Ray sets 1), and vLLM's CPU
         # attention fails when its metadata and its kernel see different counts. The stream generates with the
-        # rank's own count (trainer.torch_threads); torch.set_num_threads sets OpenMP's for the calling thread.
+        # rank's own count (trainer.torch_threads); torch._C.set_num_threads sets OpenMP's for the calling thread
+        # (vLLM's CPU worker replaces torch.set_num_threads with a no-op once it has bound its threads).
         self.torch_threads = torch.get_num_threads()
         self.thread = threading.Thread(target=self._run, name="omrl-stream", daemon=True)
         self.thread.start()
@@ -124,7 +125,7 @@ class RankStream:
         self.runner.close()
 
     def _run(self) -> None:
-        torch.set_num_threads(self.torch_threads)
+        torch._C.set_num_threads(self.torch_threads)
         try:
             while not self.stopping.is_set():
                 while True:

@@ -1,7 +1,7 @@
 """env=python: a plain class's public methods as tools (their schemas as transformers' get_json_schema writes them),
 calls checked and run, get_reward as the reward, task kwargs, one instance per episode, bad classes refused in one
 line before anything starts; the tools reaching the model through the real Qwen2.5 chat template in the rollout
-loop; and the README's class trained from Python."""
+loop; and docs/ecosystem-envs.md's class trained from Python."""
 
 from __future__ import annotations
 
@@ -398,13 +398,19 @@ def test_a_per_turn_memory_renders_the_tools_in_every_context(qwen_tokenizer):
         assert '<tools>\n{"type": "function", "function": {"name": "heat"' in text and text.count("<tools>\n") == 1
 
 
+PLAIN_CHATML = ("{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                "'<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+                "{%- endif %}")
+
+
 def test_a_chat_template_without_tools_gets_them_in_the_system_prompt_and_text_envs_get_one_act_tool():
-    """key_door (actions are text) with qwen_tools and text_tool=act, under the tiny default's ChatML template, which
-    does not write tools: the template's own act tool is listed in the system prompt, and the oracle's actions, sent
-    as act calls, solve every task."""
+    """key_door (actions are text) with qwen_tools and text_tool=act, under a plain ChatML template that does not
+    write tools (the tiny default's does): the template's own act tool is listed in the system prompt, and the
+    oracle's actions, sent as act calls, solve every task."""
     from openmanus_rl_core.rollout.chat import ChatDelta, prompt_tools
 
     tok = build_tokenizer(["open the door"], vocab_size=300)
+    tok.chat_template = PLAIN_CHATML
     template = build("template", {"name": "qwen_tools", "kwargs": {"text_tool": "act"}})
     env = build("env", {"name": "key_door", "kwargs": {}})
     chat = ChatDelta(tok)
@@ -428,26 +434,27 @@ def test_a_chat_template_without_tools_gets_them_in_the_system_prompt_and_text_e
     assert prompt_tools(react, PythonEnv(cls=THERMO), qchat, "S") == ("S", None)
 
 
-# --------------------------------------------------------------------------- the README's class, trained
+# --------------------------------------------------------------------------- the documented class, trained
+DOC = HERE.parents[3] / "docs" / "ecosystem-envs.md"  # where the env=python example lives
+
+
 def readme_script() -> str:
-    """readme_thermostat.py without its docstring: the README's example as written."""
+    """readme_thermostat.py without its docstring: docs/ecosystem-envs.md's example as written."""
     return (HERE / "readme_thermostat.py").read_text().split('"""', 2)[2].lstrip("\n")
 
 
-def test_the_readme_shows_this_very_script():
+def test_the_docs_show_this_very_script():
     import re
 
-    readme = (HERE.parents[3] / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "class Thermostat" in b]
-    if not blocks:
-        pytest.skip("the README does not show the env=python example yet")
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if "class Thermostat" in b]
     assert blocks == [readme_script()]
 
 
 @pytest.mark.ray
-def test_the_readme_class_trains_from_python(tmp_path):
-    """The README's script (readme_thermostat.py) run as a script: ``omrl.train(..., env=Thermostat)`` makes the run's
-    workers import the class by the script's module name. Only its run is made small."""
+def test_the_documented_class_trains_from_python(tmp_path):
+    """docs/ecosystem-envs.md's script (readme_thermostat.py) run as a script: it writes its task file of rooms with
+    demonstrations, and ``omrl.train(..., env=Thermostat)`` makes the run's workers import the class by the script's
+    module name; the warm-up trains on the file's demonstrations. Only its run is made small."""
     run = tmp_path / "run"
     small = [o for o in SMALL_RUN if not o.startswith(("env=", "trainer.total_steps=", "trainer.num_cpus="))] + [
         "trainer.total_steps=1", "trainer.num_workers=1", "trainer.num_cpus=1", "trainer.loggers=[]",
@@ -467,15 +474,29 @@ def test_the_readme_class_trains_from_python(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     config = json.loads((run / "config.json").read_text())
     assert config["env"]["name"] == "python" and config["env"]["kwargs"]["cls"] == "heating:Thermostat"
-    assert config["env"]["kwargs"]["tasks"] == [{"target": 20, "start": 16}, {"target": 22, "start": 19}]
+    assert config["data"]["train_files"] == config["data"]["val_files"] == "rooms.parquet"
+    # the task file: 16 rounds of the four rooms, each row with the expert's episode the class itself played
+    from openmanus_rl_core.data.tasks import load_tasks
+
+    rows = load_tasks(tmp_path / "rooms.parquet")
+    assert len(rows) == 64 and [(r["target"], r["start"]) for r in rows[:5]] == [(20, 16), (22, 19), (23, 18),
+                                                                                 (21, 20), (20, 16)]
+    assert rows[2]["demonstration"] == {"observation": "The room is at 18 degrees; the target is 23.", "steps": [
+        ['{"name": "heat", "arguments": {"degrees": 5}}', "The room is at 23 degrees."],
+        ['{"name": "finish", "arguments": {}}', "Finished."]]}
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    # the warm-up trained on those demonstrations (without them env=python has none, and it is skipped)
+    assert records[0]["step"] == 0 and records[0]["warmup/loss"] > 0
     assert records[-1]["step"] == 1 and "train/reward/goal/mean" in records[-1]
-    assert proc.stdout.strip().splitlines()[-1] == str(records[-1]["val/reward_mean"])
+    assert proc.stdout.strip().splitlines()[-1] == f"{records[-1]['val/reward_mean']} {records[-1]['val/success_rate']}"
     val = sorted((run / "validation").glob("*.jsonl"))[-1]
     episodes = [json.loads(x) for x in val.read_text().splitlines() if x.strip()]
-    assert episodes and all(ep["turns"] for ep in episodes)
+    # trainer.val_max_tasks=4: the file's first four rows, the four rooms, each reset() with its row's columns
+    assert sorted(ep["initial_observation"] for ep in episodes) == [
+        "The room is at 16 degrees; the target is 20.", "The room is at 18 degrees; the target is 23.",
+        "The room is at 19 degrees; the target is 22.", "The room is at 20 degrees; the target is 21."]
     for ep in episodes:
-        # the tiny default's ChatML template does not write tools: they are in the system prompt, whole
+        # the tiny default's ChatML template writes the tools itself, after the system message, whole
         context = ep["turns"][0]["context"]
         assert context.startswith("<|im_start|>system\nBring the room to the target temperature, then call finish."
                                   "\n\n# Tools\n<tools>\n")
