@@ -31,7 +31,8 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
 
     non_tensors (per row, the episode's values): ``group_ids``, ``uid`` (unique per sample), ``anchor_obs`` (the
     observation each turn acted on), ``step_rewards`` (``breakdown.turn_rewards``), ``success``, ``termination``,
-    ``num_turns``, ``task_id``, ``data_source``, ``source`` (the task row's), ``invalid`` (the row's replies the
+    ``num_turns``, ``task_id``, ``data_source``, ``source`` (the task row's), ``roles`` (the trajectory's
+    ``info["role"]``, e.g. a game seat, or None: the ``rae`` estimator's baseline key), ``invalid`` (the row's replies the
     template could not read), ``reward`` (composed total), ``reward_parts``; with turn samples also
     ``episode_ids`` (the episode's uid; the estimators pool its rows). A turn row's ``step_ids`` is its turn.
     ``breakdowns=None``: the env's own rewards (total = sum of step rewards, turn rewards = step rewards).
@@ -46,11 +47,12 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
     if breakdowns is not None and len(breakdowns) != B:
         raise ValueError(f"build_batch got {len(breakdowns)} reward breakdowns for {B} episodes")
     rows = []  # (episode index, prompt ids, response slice [s, e), uid)
+    turns_of: dict[str, tuple[int, int]] = {}  # a sample's uid -> its turns [first, last + 1)
     for i, ep in enumerate(episodes):
-        if ep.contexts:
-            rows += [(i, ep.contexts[t], span, f"{ep.uid}:{t}") for t, span in enumerate(ep.trajectory.segments)]
-        else:
-            rows.append((i, ep.prompt_ids, (0, len(ep.response_ids)), ep.uid))
+        for k, (prompt, span, turns) in enumerate(ep.samples()):
+            uid = f"{ep.uid}:{k}" if ep.contexts else ep.uid
+            rows.append((i, prompt, span, uid))
+            turns_of[uid] = turns
     N = len(rows)
     P = max(1, max(len(p) for _, p, _, _ in rows))
     R = max(1, max(e - s for _, _, (s, e), _ in rows))
@@ -123,7 +125,8 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
         "task_id": [episodes[i].trajectory.task_id for i in of],
         "data_source": [episodes[i].trajectory.task.get("data_source") for i in of],
         "source": [episodes[i].trajectory.task.get("source") for i in of],
-        "invalid": [_invalid(episodes[i].trajectory, uid if episodes[i].contexts else None) for i, _, _, uid in rows],
+        "roles": [episodes[i].trajectory.info.get("role") for i in of],
+        "invalid": [_invalid(episodes[i].trajectory, turns_of[uid]) for i, _, _, uid in rows],
         "reward": [totals[i] for i in of],
         "reward_parts": [parts[i] for i in of],
     }
@@ -132,10 +135,6 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
     return Batch(tensors=tensors, non_tensors=non_tensors, meta={"pad_token_id": int(pad_token_id)})
 
 
-def _invalid(trajectory: Any, turn_uid: str | None) -> int:
-    """How many of a row's replies the template could not read: the episode's, or its turn's (``<episode>:<t>``)."""
-    turns = trajectory.turns
-    if turn_uid is not None:
-        t = int(turn_uid.rsplit(":", 1)[1])
-        turns = turns[t:t + 1]
-    return sum(not turn.action.valid for turn in turns)
+def _invalid(trajectory: Any, turns: tuple[int, int]) -> int:
+    """How many of a row's replies (its turns ``[first, last + 1)``) the template could not read."""
+    return sum(not turn.action.valid for turn in trajectory.turns[turns[0]:turns[1]])
