@@ -52,10 +52,12 @@ class Script:
         self.tok, self.replies, self.eos = tok, list(replies), eos
         self.prompts: list[list[int]] = []
         self.batches: list[int] = []  # the number of prompts of each generate call
+        self.params: list = []  # the sampling settings of each generate call
         self.generator = None
 
     def generate(self, prompts, params):
         self.batches.append(len(prompts))
+        self.params.append(params)
         out = []
         for p in prompts:
             text = self.replies[len(self.prompts) % len(self.replies)]
@@ -118,7 +120,7 @@ def test_a_wrong_key_is_401_an_unknown_model_404_and_a_malformed_request_400_in_
 
 def test_the_listener_is_loopback_only(gateway):
     gw = gateway(["hi"])
-    host, port = gw.server.server_address[:2]
+    host, port = gw.address
     assert host == "127.0.0.1"
     outside = [a for a in socket.gethostbyname_ex(socket.gethostname())[2] if not a.startswith("127.")]
     for address in outside:  # the machine's other addresses reach nothing
@@ -255,7 +257,7 @@ def test_a_multi_turn_episode_is_the_very_tokens_the_agent_loop_builds(gateway, 
     assert [t.action.content for t in ours.trajectory.turns] == ["open box", f"say {password}"]
 
 
-def test_a_harness_that_rewrites_its_history_falls_back_to_one_sample_per_call(gateway, tok):
+def test_a_harness_that_rewrites_its_history_starts_a_new_segment_at_each_call(gateway, tok):
     from openmanus_rl_env_text.key_door import KeyDoorEnv
 
     env = KeyDoorEnv()
@@ -267,7 +269,8 @@ def test_a_harness_that_rewrites_its_history_falls_back_to_one_sample_per_call(g
     _play(client, env, template, lambda history: [history[0], history[-1]])  # only the latest observation
     record = gw.close_episode(key)
     ep = episode_from_record(record, template)
-    assert ep.trajectory.info["gateway"] == "per_call"
+    # Every call rewrote the history: each is a segment of its own, one sample each (gateway/episodes.py).
+    assert ep.trajectory.info["gateway"] == "segments" and ep.trajectory.info["gateway_segments"] == 2
     assert ep.contexts == [c.prompt_ids for c in record.calls] and len(ep.contexts) == 2
     assert ep.response_ids == record.calls[0].completion_ids + record.calls[1].completion_ids
     assert set(ep.response_mask) == {1} and ep.logprobs == [-0.25] * len(ep.response_ids)

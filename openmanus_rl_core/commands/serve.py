@@ -22,7 +22,8 @@ def serve(cfg: Any, overrides: Sequence[str] = (), ready: Any = None) -> int:
     import torch
 
     from openmanus_rl_core.commands.from_run import adopt_run_config, load_policy
-    from openmanus_rl_core.gateway.server import Gateway
+    from openmanus_rl_core.gateway.server import Gateway, model_positions
+    from openmanus_rl_core.gateway.tools import ChatRenderer
     from openmanus_rl_core.plugin.registry import build
 
     quiet_transformers()
@@ -40,7 +41,9 @@ def serve(cfg: Any, overrides: Sequence[str] = (), ready: Any = None) -> int:
         engine.update_weights(weights)
     key = c.serve.api_key or "omrl-" + secrets.token_hex(16)
     gateway = Gateway(engine, tokenizer, c.agent.model_name, host=c.serve.host, port=c.serve.port, keys=[key],
-                      max_new_tokens=c.rollout.max_new_tokens)
+                      max_new_tokens=c.rollout.max_new_tokens, chat=ChatRenderer.for_agent(tokenizer, c.agent),
+                      constrained=c.agent.constrained,
+                      max_context_tokens=c.agent.max_context_tokens or model_positions(engine))
     done = threading.Event()
     previous = {s: signal.signal(s, lambda *_: done.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from openmanus_rl_core.config.agent import AgentConfig
 from openmanus_rl_core.config.commands import ExportConfig, ReplayConfig, ServeConfig
 from openmanus_rl_core.config.fields import FROM_CHECKPOINT, ROLLOUT, opt
 
@@ -71,20 +72,6 @@ class RewardConfig:
     missing_callables: str = opt("refuse", "a resume or eval of a run that had rewards given as Python callables, "
                                            "without them given again: refuse (one line naming them) | drop (go "
                                            "on without them)", choices=("refuse", "drop"), commands=("train", "eval"))
-
-
-@dataclass
-class AgentConfig:
-    """Your own agent, run once per episode against the gateway (docs/gateway.md): the policy served at an
-    OpenAI-compatible endpoint that records every token. Off while neither ``command`` nor ``function`` is set."""
-
-    command: Optional[str] = opt(None, "a program run once per episode (shell words); it gets OPENAI_BASE_URL, "
-                                       "OPENAI_API_KEY, OMRL_MODEL and OMRL_TASK in its environment")
-    function: Optional[str] = opt(None, "pkg.mod:fn, an async fn(client, task) -> reward | None run once per "
-                                        "episode (client: openai.AsyncOpenAI on the gateway)")
-    max_concurrent: int = opt(64, "agents running at once, per actor worker", ge=1)
-    timeout_s: float = opt(300.0, "an agent still running after this is killed; its episode is dropped", gt=0)
-    model_name: str = opt("omrl-policy", "the policy's name at /v1/models (the agent gets it as OMRL_MODEL)")
 
 
 # -------------------------------------------------------------------------------------------------- algorithm

@@ -5,7 +5,9 @@
 
 - ``agent.command``: the program (shell words, split with :func:`shlex.split`, not run by a shell) runs with this
   process's environment plus ``OPENAI_BASE_URL`` (the gateway, ending in ``/v1``), ``OPENAI_API_KEY`` (the
-  episode's key), ``OMRL_MODEL`` (the policy's name) and ``OMRL_TASK`` (the task row as JSON). Its stdout is
+  episode's key), ``OMRL_MODEL`` (the policy's name) and ``OMRL_TASK`` (the task row as JSON), the same for the
+  Anthropic SDK (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``) and the OpenAI Agents SDK (``OPENAI_DEFAULT_MODEL``;
+  ``OPENAI_AGENTS_DISABLE_TRACING=1`` unless set): :func:`agent_env`. Its stdout is
   dropped; the last :data:`STDERR_TAIL_CHARS` characters of its stderr are kept for the log. Each agent runs in its
   own process group under :mod:`openmanus_rl_core.process.guard`, so a timeout or an abandon kills the agent and every
   process it started (SIGTERM, then SIGKILL after :data:`KILL_GRACE_S`), and a launcher killed with SIGKILL takes
@@ -50,6 +52,7 @@ GONE_WAIT_S = 5.0  # how long a SIGKILLed group may take to go (the signal is de
 STDERR_TAIL_CHARS = 2000
 ABANDON_POLL_S = 0.2
 _GUARD_POLL_S = 0.5  # how soon an agent notices that the process running run_agents was killed
+_EXIT_POLL_S = 0.02  # how often a running agent's exit status is looked at
 Running = Callable[[str, bool], None]  # told (key, True) when an episode's agent starts, (key, False) when it ends
 
 
@@ -238,6 +241,15 @@ async def run_job(job: AgentJob, run_one: Callable[[AgentJob], Awaitable[float |
         return AgentOutcome(job.key, None, exc.error, time.monotonic() - start)
 
 
+def agent_env(base_url: str, key: str, model: str, task: dict) -> dict[str, str]:
+    """A command agent's environment: this process's, plus the gateway for the OpenAI and Anthropic SDKs (their own
+    variables), the policy's name as the OpenAI Agents SDK's default model, the task, and the Agents SDK's tracing
+    off unless the user set it (it would post every episode's trace elsewhere, with the episode's key)."""
+    return {"OPENAI_AGENTS_DISABLE_TRACING": "1", **os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key,
+            "OPENAI_DEFAULT_MODEL": model, "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),
+            "ANTHROPIC_API_KEY": key, "OMRL_MODEL": model, "OMRL_TASK": json.dumps(task)}
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -248,8 +260,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 def _command_runner(argv: list[str], timeout_s: float, base_url: str, model: str, groups: set[int],
                     log: Callable[[str], None]) -> Callable[[AgentJob], Awaitable[None]]:
     async def run(job: AgentJob) -> None:
-        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": job.key, "OMRL_MODEL": model,
-               "OMRL_TASK": json.dumps(job.task)}
+        env = agent_env(base_url, job.key, model, job.task)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *guarded(argv, poll=_GUARD_POLL_S, grace=KILL_GRACE_S), stdin=asyncio.subprocess.DEVNULL,
@@ -262,7 +273,7 @@ def _command_runner(argv: list[str], timeout_s: float, base_url: str, model: str
         reader = asyncio.ensure_future(_keep_tail(proc.stderr, tail))
         try:
             try:
-                rc = await asyncio.wait_for(proc.wait(), timeout_s)
+                rc = await asyncio.wait_for(_exit_code(proc), timeout_s)
             except asyncio.TimeoutError:
                 await _stop(proc)
                 stderr = _one_line(tail.decode(errors="replace"))
@@ -292,12 +303,20 @@ async def _keep_tail(stream: asyncio.StreamReader, tail: bytearray) -> None:
             del tail[:tail.find(b"\n") + 1]  # whole lines only (nothing when the tail is one long line)
 
 
+async def _exit_code(proc: asyncio.subprocess.Process) -> int:
+    """The agent's exit status as soon as it has exited. ``Process.wait()`` also waits until its pipes close, and a
+    process the agent left behind may hold its stderr open; that one is killed with the group afterwards."""
+    while proc.returncode is None:
+        await asyncio.sleep(_EXIT_POLL_S)
+    return proc.returncode
+
+
 async def _stop(proc: asyncio.subprocess.Process) -> None:
     """SIGTERM to the agent's group, SIGKILL after :data:`KILL_GRACE_S` unless the agent has exited."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         _signal_group(proc.pid, sig)
         try:
-            await asyncio.wait_for(proc.wait(), KILL_GRACE_S)  # the loop must see it end to close its transport
+            await asyncio.wait_for(_exit_code(proc), KILL_GRACE_S)
             return
         except asyncio.TimeoutError:
             pass

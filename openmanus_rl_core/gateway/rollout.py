@@ -19,7 +19,8 @@ from typing import Any, Callable, Sequence
 
 from openmanus_rl_core.gateway.agents import AgentJob, job_runner, run_agents, run_job, stop_groups
 from openmanus_rl_core.gateway.episodes import episode_from_record
-from openmanus_rl_core.gateway.server import Gateway
+from openmanus_rl_core.gateway.server import Gateway, model_positions
+from openmanus_rl_core.gateway.tools import ChatRenderer
 from openmanus_rl_core.process.stopping import Abandoned
 
 
@@ -32,7 +33,9 @@ class AgentRollout:
         self.template, self.cfg, self.log = template, agent_cfg, log
         # ``lock``: the rank's engine lock, held around each generate (a weight push lands between two).
         self.gateway = Gateway(engine, tokenizer, agent_cfg.model_name, version=version, lock=lock,
-                               batch_wait_s=batch_wait_s)
+                               batch_wait_s=batch_wait_s, chat=ChatRenderer.for_agent(tokenizer, agent_cfg, log),
+                               constrained=agent_cfg.constrained,
+                               max_context_tokens=agent_cfg.max_context_tokens or model_positions(engine))
         self.abandon: Callable[[], bool] = lambda: False
         self.params = None  # the sampling of the next run (sampling())
 

@@ -1,41 +1,59 @@
 """The gateway: the policy behind an OpenAI-compatible HTTP endpoint that records every token it produces.
 
-Routes (all under ``/v1``, on 127.0.0.1 unless told otherwise):
+Routes (all under ``/v1``, on 127.0.0.1 unless told otherwise; gateway/app.py serves them, docs/gateway.md lists
+every field each one honours, ignores or refuses):
 
 - ``POST /v1/chat/completions``: ``messages`` (text contents, ``tool_calls`` and ``tool`` replies as the model's chat
-  template renders them), ``tools``, ``n``, ``temperature``, ``top_p``, ``max_tokens`` (or
-  ``max_completion_tokens``), ``stop`` (left out of the reply unless ``include_stop_str_in_output``, as vLLM's
-  server does), ``logprobs``, ``stream`` (the whole reply as one chunk, then ``[DONE]``);
-- ``GET /v1/models``: the policy, under one name;
-- ``POST /v1/rl/reward`` with ``{"reward": x}`` (and optionally ``"success": true``): the episode's reward.
+  template renders them), ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``response_format``, ``n``,
+  ``temperature``, ``top_p``, ``max_tokens`` (or ``max_completion_tokens``), ``stop`` (left out of the reply unless
+  ``include_stop_str_in_output``, as vLLM's server does), ``logprobs``, ``stream`` (server-sent chunks of the
+  finished reply, with a usage chunk when ``stream_options.include_usage``);
+- ``POST /v1/responses`` (the Responses API, gateway/responses.py) and ``POST /v1/messages`` (Anthropic's Messages
+  API, gateway/messages.py): translated into the same chat request, so their calls are batched and recorded alike;
+- ``GET /v1/models`` and ``GET /v1/models/{id}``: the policy, under one name;
+- ``POST /v1/rl/reward`` with ``{"reward": x}`` (and optionally ``"success": true``): the episode's reward. A
+  second post with another value is refused (409, naming the reward already posted); the same value again is
+  answered as the first was, so a client's retry is harmless.
 
-Every request carries an API key (``Authorization: Bearer <key>``). Each episode gets its own key from
-:meth:`Gateway.open_episode` and the key names the episode, so an unmodified client that reads ``OPENAI_API_KEY``
-works: every call it makes is recorded under its episode (:class:`Call`: the prompt's token ids as the chat template
-renders them, the completion's ids and log-probs, the policy version that produced them). Any other key gets 401, a
-model other than the policy's name 404, a malformed request 400, each in OpenAI's error shape.
+Every request carries an API key (``Authorization: Bearer <key>``, or ``x-api-key``). Each episode gets its own key
+from :meth:`Gateway.open_episode` and the key names the episode, so an unmodified client that reads
+``OPENAI_API_KEY`` works: every call it makes is recorded under its episode (:class:`Call`: the prompt's token ids
+as the chat template renders them, the completion's ids and log-probs, the policy version that produced them). Any
+other key gets 401, a model other than the policy's name 404, a malformed request 400, each in OpenAI's error
+shape. With ``max_context_tokens``, a prompt of that many tokens or more gets OpenAI's 400
+``context_length_exceeded``, and a reply is cut where the context is full.
 
 Sampling: in training (``sampling`` given) the run's settings are used whatever the request asks, so the recorded
 log-probs are those of the policy the trainer corrects for; in ``openmanus-rl serve`` (``sampling=None``) the
-request's ``temperature``, ``top_p`` and ``max_tokens`` are honoured. Concurrent requests are batched: the requests
-that arrive within ``batch_wait_s`` of each other go to the engine in ONE ``generate`` call.
+request's ``temperature``, ``top_p``, ``top_k`` (vLLM's extra field) and ``max_tokens`` are honoured. Concurrent
+requests are batched: the requests that arrive within ``batch_wait_s`` of each other go to the engine in ONE
+``generate`` call.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import queue
 import secrets
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Sequence
 
+from openai.types import Model
+from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionTokenLogprob
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from openai.types.chat.chat_completion_message_function_tool_call import ChatCompletionMessageFunctionToolCall
+from openai.types.completion_usage import CompletionUsage
+
+from openmanus_rl_core.engines.constrained import ToolCallFormat
+from openmanus_rl_core.gateway.episodes import prompt_for
 from openmanus_rl_core.gateway.requests import ApiError, ChatRequest
-from openmanus_rl_core.gateway.tools import parse_tool_calls
+from openmanus_rl_core.gateway.structured import request_constraint, tools_in_prompt
+from openmanus_rl_core.gateway.tools import ChatRenderer, reply_text
 from openmanus_rl_core.protocols import SamplingParams
 
 
@@ -51,6 +69,11 @@ class Call:
     text: str
     finish_reason: str
     last_message: str = ""  # the text of the conversation's last message: what this reply answers
+    # The request it answers, in the chat template's terms (whatever route it came by): what a later call of the
+    # episode is compared with to continue from this one's tokens (gateway/episodes.py).
+    messages: list[dict] = field(default_factory=list)
+    tools: list | None = None
+    bridged: bool = False  # its prompt continued an earlier call's recorded tokens
 
 
 @dataclass
@@ -64,6 +87,36 @@ class EpisodeRecord:
     reward: float | None = None
     success: bool | None = None
     sampling: SamplingParams | None = None  # how its calls are sampled (None: as the gateway's default says)
+    # The Responses API's conversations, by response id: what ``previous_response_id`` continues (responses.py).
+    responses: dict[str, list[dict]] = field(default_factory=dict)
+
+
+@dataclass
+class Reply:
+    """One completion as a client reads it: ``text`` (its stop string left out unless asked for), the ``content``
+    outside reasoning and tool calls, the ``tool_calls`` (OpenAI's shape, arguments as JSON strings), ``finish``
+    (``stop``, ``length`` or ``tool_calls``), the stop string that ended it and the ``reasoning`` (the family's
+    reasoning parser's: a ``<think>`` block's text; None when there was none)."""
+
+    call: Call
+    text: str
+    content: str
+    tool_calls: list[dict]
+    finish: str
+    stop_sequence: str | None
+    reasoning: str | None = None
+
+
+@dataclass
+class Generated:
+    """The answer to one :class:`ChatRequest`: its prompt's ids and one :class:`Reply` per choice."""
+
+    prompt_ids: list[int]
+    replies: list[Reply]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(r.call.completion_ids) for r in self.replies)
 
 
 class _Batcher:
@@ -96,6 +149,7 @@ class _Batcher:
             pending = self._batch(item)
             by_params: dict[Any, list] = {}
             for prompts, params, fut in pending:
+                # Rows of one generate call may have different constraints (one per row), not different sampling.
                 key = (params.max_new_tokens, params.temperature, params.top_p, params.top_k, tuple(params.stop),
                        params.greedy)
                 by_params.setdefault(key, []).append((prompts, params, fut))
@@ -124,10 +178,17 @@ class _Batcher:
 
     def _generate(self, group: list) -> None:
         flat = [p for prompts, _, _ in group for p in prompts]
+        params = group[0][1]
+        if any(getattr(p, "constraint", None) is not None for _, p, _ in group):
+            rows = []
+            for prompts, p, _ in group:
+                c = p.constraint
+                rows.extend(c if isinstance(c, list) else [c] * len(prompts))
+            params = replace(params, constraint=rows)
         try:
             with self.lock:
                 version = int(self.version())
-                outs = self.engine.generate(flat, group[0][1])
+                outs = self.engine.generate(flat, params)
         except Exception as exc:  # the engine failed: every waiting request gets it
             for _, _, fut in group:
                 fut.set_exception(exc)
@@ -138,9 +199,13 @@ class _Batcher:
             i += len(prompts)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 1024  # every agent of a step may connect at once; the default backlog of 5 refuses them
+def model_positions(engine: Any) -> int | None:
+    """The longest context ``engine``'s model takes (vLLM's ``max_model_len``, a transformers model's
+    ``max_position_embeddings``); None when the engine does not say (a served model)."""
+    limit = getattr(engine, "max_model_len", None)
+    if limit is None:
+        limit = getattr(getattr(getattr(engine, "model", None), "config", None), "max_position_embeddings", None)
+    return int(limit) if limit else None
 
 
 class Gateway:
@@ -150,28 +215,50 @@ class Gateway:
     template renders the messages; ``model``: the name ``/v1/models`` lists; ``sampling``: the run's sampling
     settings (None: the request's, as ``serve`` does); ``version``: the policy version of the engine's weights now;
     ``lock``: held around each ``generate`` (the worker's engine lock); ``keys``: keys accepted besides the
-    episodes' (``serve``'s own).
+    episodes' (``serve``'s own); ``max_context_tokens``: the longest context (prompt and reply) the policy is given
+    (None: no limit); ``chat``: how conversations become prompts and replies are read (the model family's tool-call
+    and reasoning parsers; default: found from the chat template); ``constrained``: honour ``tool_choice`` and
+    ``response_format`` by grammar-constrained decoding (gateway/structured.py).
     """
+
+    # Responses kept for previous_response_id under a static key (serve), oldest dropped first; an episode keeps
+    # its own until it closes.
+    SERVED_RESPONSES = 1024
 
     def __init__(self, engine: Any, tokenizer: Any, model: str, sampling: SamplingParams | None = None,
                  version: Callable[[], int] = lambda: 0, lock: Any = None, host: str = "127.0.0.1", port: int = 0,
-                 batch_wait_s: float = 0.005, keys: Sequence[str] = (), max_new_tokens: int = 512):
+                 batch_wait_s: float = 0.005, keys: Sequence[str] = (), max_new_tokens: int = 512,
+                 max_context_tokens: int | None = None, chat: ChatRenderer | None = None, constrained: bool = True):
+        from openmanus_rl_core.gateway.app import Listener
+
         self.tokenizer, self.model, self.sampling = tokenizer, model, sampling
-        self.max_new_tokens = max_new_tokens
+        self.renderer = chat if chat is not None else ChatRenderer(tokenizer)
+        self.constrained = constrained
+        fmt = self.renderer.tool_parser.call_format  # None: a family whose calls a JSON grammar cannot write
+        self.tool_format = ToolCallFormat(**fmt) if fmt is not None else None
+        self.max_new_tokens, self.max_context_tokens = max_new_tokens, max_context_tokens
         self.episodes: dict[str, EpisodeRecord] = {}
         self.static_keys = set(keys)
+        self.served_responses: OrderedDict[str, list[dict]] = OrderedDict()
         self._lock = threading.Lock()
         self.running: set[str] = set()  # the keys whose agents run now (agent_running)
         self.batcher = _Batcher(engine, lock if lock is not None else threading.Lock(), version, batch_wait_s,
                                 running=lambda: len(self.running))
-        self.server = _Server((host, port), _handler(self))
-        self._thread = threading.Thread(target=self.server.serve_forever, name="omrl-gateway", daemon=True)
-        self._thread.start()
+        try:
+            self.server = Listener(self, host, port)
+        except BaseException:
+            self.batcher.close()
+            raise
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The ``(host, port)`` the gateway listens on."""
+        return self.server.address
 
     @property
     def base_url(self) -> str:
         """``http://HOST:PORT/v1``: what ``OPENAI_BASE_URL`` is set to."""
-        host, port = self.server.server_address[:2]
+        host, port = self.address
         return f"http://{host}:{port}/v1"
 
     def open_episode(self, task: dict, sampling: SamplingParams | None = None) -> str:
@@ -194,8 +281,7 @@ class Gateway:
             (self.running.add if running else self.running.discard)(key)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
         self.batcher.close()
 
     # ------------------------------------------------------------------------------------------- requests
@@ -210,8 +296,14 @@ class Gateway:
                        code="invalid_api_key")
 
     def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
-                                            "owned_by": "openmanus-rl"}]}
+        return {"object": "list", "data": [self.model_card(self.model)]}
+
+    def model_card(self, model_id: str) -> dict:
+        """``GET /v1/models/{id}``: the policy's card; 404 for any other name."""
+        if model_id != self.model:
+            raise ApiError(404, f"The model `{model_id}` does not exist; this gateway serves `{self.model}` "
+                                f"(OMRL_MODEL)", param="model", code="model_not_found")
+        return Model(id=self.model, object="model", created=0, owned_by="openmanus-rl").model_dump()
 
     def set_reward(self, record: EpisodeRecord | None, body: Any) -> dict:
         reward = body.get("reward") if isinstance(body, dict) else None
@@ -222,140 +314,137 @@ class Gateway:
             raise ApiError(400, f"success must be true or false, got {success!r}", param="success")
         if record is None:
             raise ApiError(400, "this key names no episode: a reward needs an episode's key")
-        record.reward, record.success = float(reward), success
+        with self._lock:
+            if record.reward is not None and (record.reward, record.success) != (float(reward), success):
+                # One reward per episode: a second, different one is a bug in the agent, not a correction to guess.
+                raise ApiError(409, f"this episode's reward is already {record.reward!r} (success "
+                                    f"{record.success!r}); a second post of {reward!r} is refused",
+                               param="reward", code="reward_already_set")
+            record.reward, record.success = float(reward), success
         return {"ok": True, "reward": record.reward, "success": record.success}
 
     def chat(self, record: EpisodeRecord | None, body: Any) -> dict:
-        """One ``/v1/chat/completions`` request: rendered, generated (batched with others), recorded."""
+        """One ``/v1/chat/completions`` request, answered synchronously (the HTTP route awaits :meth:`generate`)."""
         req = ChatRequest.parse(body, self.model)
-        prompt = self.render(req.messages, req.tools)
-        params = self._params(req, record.sampling if record is not None and record.sampling else self.sampling)
+        prompt, params, bridged = self.prepare(record, req)
         outs, version = self.batcher.submit([prompt] * req.n, params).result()
-        choices = []
-        for i, out in enumerate(outs):
-            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-            call = Call(list(prompt), list(out.token_ids), [float(x) for x in out.logprobs], version, text,
-                        out.finish_reason, last_message=req.messages[-1]["content"])
-            if record is not None:
-                with self._lock:
-                    record.calls.append(call)
-            choices.append(self._choice(i, call, req))
-        completion = sum(len(o.token_ids) for o in outs)
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model, "choices": choices,
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion,
-                          "total_tokens": len(prompt) + completion}}
+        generated = self.finish(record, req, prompt, outs, version, bridged)
+        return self.chat_completion(req, generated).model_dump(mode="json", exclude_unset=True)
 
-    def render(self, messages: list[dict], tools: list | None) -> list[int]:
-        """The prompt's token ids, as the model's chat template renders the conversation (and tools)."""
+    async def generate(self, record: EpisodeRecord | None, req: ChatRequest) -> Generated:
+        """Render, generate (batched with others: the engine's thread does it, this awaits), record."""
+        prompt, params, bridged = self.prepare(record, req)
+        outs, version = await asyncio.wrap_future(self.batcher.submit([prompt] * req.n, params))
+        return self.finish(record, req, prompt, outs, version, bridged)
+
+    def prepare(self, record: EpisodeRecord | None, req: ChatRequest) -> tuple[list[int], SamplingParams, bool]:
+        """The prompt's ids (continuing the episode's recorded tokens where the template re-rendered its history:
+        gateway/episodes.py), how to sample its replies (constrained as ``tool_choice`` and ``response_format``
+        ask), and whether the prompt was bridged; 400 ``context_length_exceeded`` for a prompt that leaves no room
+        for one token."""
+        tools = req.tools if tools_in_prompt(req.tool_choice) else None  # tool_choice=none: no tools shown
         try:
-            text = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                      add_generation_prompt=True)
+            prompt = prompt_for(record, req.messages, tools, self.renderer)
         except Exception as exc:  # a template that cannot render this conversation: the client's to fix
             raise ApiError(400, f"the model's chat template cannot render these messages: {exc}",
                            param="messages") from None
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        params = self._params(req, record.sampling if record is not None and record.sampling else self.sampling)
+        if self.constrained:
+            constraint = self._constraint(req)
+            if constraint is not None:
+                params = replace(params, constraint=constraint)
+        limit = self.max_context_tokens
+        if limit is not None:
+            if len(prompt.ids) >= limit:
+                raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your messages "
+                                    f"resulted in {len(prompt.ids)} tokens. Please reduce the length of the "
+                                    f"messages.", param="messages", code="context_length_exceeded")
+            if len(prompt.ids) + params.max_new_tokens > limit:
+                params = replace(params, max_new_tokens=limit - len(prompt.ids))
+        return prompt.ids, params, prompt.bridged
 
-    def _params(self, req: "ChatRequest", sampling: SamplingParams | None) -> SamplingParams:
+    def _constraint(self, req: ChatRequest) -> Any:
+        """The grammar a reply must follow (None: free text). A family whose calls a JSON grammar cannot write
+        (``call_format`` None) gets its tool calls unconstrained, said once."""
+        wants_call = req.tools and (req.tool_choice == "required" or isinstance(req.tool_choice, dict))
+        if wants_call and self.tool_format is None:
+            if not getattr(self, "_told_unconstrained", False):
+                self._told_unconstrained = True
+                self.renderer.notice(f"tool_choice={req.tool_choice!r}: the {self.renderer.tool_parser.name} call format has "
+                                 f"no grammar here; its tool calls are not constrained (told once)")
+            return request_constraint(response_format=req.response_format)
+        return request_constraint(tools=req.tools, tool_choice=req.tool_choice, response_format=req.response_format,
+                                  parallel_tool_calls=req.parallel_tool_calls, tool_format=self.tool_format)
+
+    def finish(self, record: EpisodeRecord | None, req: ChatRequest, prompt: list[int], outs: list,
+               version: int, bridged: bool = False) -> Generated:
+        """Each generation as a recorded :class:`Call` and the :class:`Reply` a client reads."""
+        replies = []
+        for out in outs:
+            text = reply_text(self.tokenizer, out.token_ids)  # special tokens kept: some families' call markers
+            call = Call(list(prompt), list(out.token_ids), [float(x) for x in out.logprobs], version, text,
+                        out.finish_reason, last_message=req.messages[-1]["content"], messages=req.messages,
+                        tools=req.tools, bridged=bridged)
+            if record is not None:
+                with self._lock:
+                    record.calls.append(call)
+            replies.append(self.reply(call, req))
+        return Generated(list(prompt), replies)
+
+    def reply(self, call: Call, req: ChatRequest) -> Reply:
+        """How the client reads ``call``: stop string, tool calls, finish reason."""
+        text = call.text
+        ended = next((s for s in req.stop if text.endswith(s)), None) if call.finish_reason == "stop" else None
+        if ended and not req.include_stop:  # OpenAI's way: the stop string is not part of the reply
+            text = text[:-len(ended)]
+        reasoning, content = self.renderer.reasoning_parser.split(text)
+        tool_calls, finish = [], call.finish_reason
+        if req.tools and tools_in_prompt(req.tool_choice):
+            rest, calls = self.renderer.tool_parser.parse(content, req.tools)
+            if calls:
+                content, tool_calls, finish = rest, calls, "tool_calls"
+        return Reply(call, text, content, tool_calls, finish, ended, reasoning)
+
+    def render(self, messages: list[dict], tools: list | None) -> list[int]:
+        """The prompt's token ids, as the model's chat template renders the conversation (tools reaching the model
+        either way: gateway/tools.py)."""
+        try:
+            return self.renderer.ids(messages, tools)
+        except Exception as exc:  # a template that cannot render this conversation: the client's to fix
+            raise ApiError(400, f"the model's chat template cannot render these messages: {exc}",
+                           param="messages") from None
+
+    def chat_completion(self, req: ChatRequest, generated: Generated) -> ChatCompletion:
+        choices = [self._choice(i, reply, req) for i, reply in enumerate(generated.replies)]
+        prompt, completion = len(generated.prompt_ids), generated.completion_tokens
+        return ChatCompletion(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", created=int(time.time()),
+                              model=self.model, choices=choices,
+                              usage=CompletionUsage(prompt_tokens=prompt, completion_tokens=completion,
+                                                    total_tokens=prompt + completion))
+
+    def _params(self, req: ChatRequest, sampling: SamplingParams | None) -> SamplingParams:
         if sampling is not None:  # training: the run's sampling, the request's stop strings and length cap
             cap = min(sampling.max_new_tokens, req.max_tokens or sampling.max_new_tokens)
             return replace(sampling, max_new_tokens=cap, stop=list(sampling.stop) + req.stop)
         temperature = 1.0 if req.temperature is None else req.temperature
         return SamplingParams(max_new_tokens=req.max_tokens or self.max_new_tokens, temperature=temperature or 1.0,
-                              top_p=1.0 if req.top_p is None else req.top_p, stop=req.stop,
+                              top_p=1.0 if req.top_p is None else req.top_p, top_k=max(req.top_k or 0, 0),
+                              stop=req.stop,
                               greedy=temperature == 0)
 
-    def _choice(self, index: int, call: Call, req: "ChatRequest") -> dict:
-        text = call.text
-        ended = next((s for s in req.stop if text.endswith(s)), None)
-        if ended and not req.include_stop:  # OpenAI's way: the stop string is not part of the reply
-            text = text[:-len(ended)]
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        finish = call.finish_reason
-        if req.tools:
-            content, tool_calls = parse_tool_calls(text)
-            if tool_calls:
-                message = {"role": "assistant", "content": content or None, "tool_calls": tool_calls}
-                finish = "tool_calls"
-        choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
-        if req.logprobs:
-            tokens = [self.tokenizer.decode([t]) for t in call.completion_ids]
-            choice["logprobs"] = {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()),
-                                               "top_logprobs": []} for tok, lp in zip(tokens, call.logprobs)]}
+    def _choice(self, index: int, reply: Reply, req: ChatRequest) -> Choice:
+        if reply.tool_calls:
+            calls = [ChatCompletionMessageFunctionToolCall(**c) for c in reply.tool_calls]
+            message = ChatCompletionMessage(role="assistant", content=reply.content or None, tool_calls=calls)
         else:
-            choice["logprobs"] = None
-        return choice
-
-
-def _handler(gateway: Gateway) -> type:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, fmt: str, *args: Any) -> None:  # the run's console is not an access log
-            pass
-
-        def _key(self) -> str | None:
-            auth = self.headers.get("Authorization", "")
-            return auth[7:].strip() if auth.startswith("Bearer ") else None
-
-        def _send(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _stream(self, result: dict) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            for choice in result["choices"]:
-                delta = {k: v for k, v in choice["message"].items() if v is not None}
-                if "tool_calls" in delta:
-                    delta["tool_calls"] = [dict(c, index=j) for j, c in enumerate(delta["tool_calls"])]
-                chunk = {"id": result["id"], "object": "chat.completion.chunk", "created": result["created"],
-                         "model": result["model"], "choices": [{"index": choice["index"], "delta": delta,
-                                                                 "logprobs": choice["logprobs"],
-                                                                 "finish_reason": choice["finish_reason"]}]}
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.close_connection = True
-
-        def _serve(self, work: Callable[[EpisodeRecord | None, Any], dict], needs_body: bool) -> None:
-            try:
-                record = gateway.record(self._key())
-                body = None
-                if needs_body:
-                    length = int(self.headers.get("Content-Length") or 0)
-                    try:
-                        body = json.loads(self.rfile.read(length) or b"null")
-                    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                        raise ApiError(400, f"the request body is not JSON: {exc}") from None
-                result = work(record, body)
-                if isinstance(body, dict) and body.get("stream"):
-                    self._stream(result)
-                else:
-                    self._send(200, result)
-            except ApiError as err:
-                self._send(err.status, err.body())
-            except Exception as exc:  # the engine failed: the client sees a server error, the run goes on
-                self._send(500, ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error").body())
-
-        def do_GET(self) -> None:
-            if self.path.rstrip("/") == "/v1/models":
-                self._serve(lambda record, body: gateway.models(), needs_body=False)
-            else:
-                self._send(404, ApiError(404, f"no route {self.path}").body())
-
-        def do_POST(self) -> None:
-            routes = {"/v1/chat/completions": gateway.chat, "/v1/rl/reward": gateway.set_reward}
-            work = routes.get(self.path.rstrip("/"))
-            if work is None:
-                self._send(404, ApiError(404, f"no route {self.path}").body())
-            else:
-                self._serve(work, needs_body=True)
-
-    return Handler
+            message = ChatCompletionMessage(role="assistant", content=reply.content)
+        if reply.reasoning is not None:  # vLLM's and DeepSeek's field for it
+            message.reasoning_content = reply.reasoning  # type: ignore[attr-defined]
+        logprobs = None
+        if req.logprobs:
+            call = reply.call
+            tokens = [self.tokenizer.decode([t]) for t in call.completion_ids]
+            logprobs = ChoiceLogprobs(content=[
+                ChatCompletionTokenLogprob(token=tok, logprob=lp, bytes=list(tok.encode()), top_logprobs=[])
+                for tok, lp in zip(tokens, call.logprobs)])
+        return Choice(index=index, message=message, finish_reason=reply.finish, logprobs=logprobs)

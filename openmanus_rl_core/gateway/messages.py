@@ -1,0 +1,211 @@
+"""``POST /v1/messages``: Anthropic's Messages API (the ``anthropic`` SDK; its key in ``x-api-key``) over the
+gateway's chat path.
+
+A request becomes a :class:`~openmanus_rl_core.gateway.requests.ChatRequest` (so it is batched, rendered and
+recorded like a chat completion):
+
+- ``system`` (a string or text blocks) -> a leading system message;
+- ``messages``: ``text`` blocks; an assistant's ``tool_use`` blocks -> its ``tool_calls``; a user's
+  ``tool_result`` blocks -> ``tool`` messages (then the user's text, if any); an assistant's ``thinking`` block ->
+  the ``<think>`` block the model wrote, in front of its text. Any other block (images, documents) is refused;
+- ``tools`` (``name``, ``description``, ``input_schema``) -> function tools; ``tool_choice`` (``auto``, ``any``,
+  ``tool``, ``none``; ``disable_parallel_tool_use``) -> the chat request's ``tool_choice`` and
+  ``parallel_tool_calls``; ``max_tokens`` (required, as Anthropic requires it), ``stop_sequences``, ``temperature``,
+  ``top_p``.
+
+``POST /v1/messages/count_tokens`` answers the prompt's length as the chat template renders it (nothing is
+generated or recorded).
+
+The reply: ``text`` and ``tool_use`` blocks, ``stop_reason`` ``end_turn``, ``max_tokens``, ``stop_sequence`` or
+``tool_use``. ``stream`` sends Anthropic's events for the finished reply (``message_start``,
+``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``, ``message_stop``). Refusals come in
+Anthropic's error shape.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from openmanus_rl_core.gateway.requests import (ApiError, ChatRequest, check_tool_choice, check_tools, checked_body,
+                                                number)
+from openmanus_rl_core.gateway.sse import sse
+
+HONOURED = frozenset({"model", "messages", "system", "tools", "tool_choice", "max_tokens", "stop_sequences",
+                      "temperature", "top_p", "stream"})
+# Accepted and ignored (docs/gateway.md): they change nothing the policy samples.
+IGNORED = frozenset({"metadata", "service_tier"})
+NOOP = {"top_k": (0, "the run's sampling decides top-k"),
+        "thinking": ({"type": "disabled"}, "the policy's reasoning, if any, is in its text"),
+        "container": (None, "there are no containers here"),
+        "mcp_servers": (None, "the gateway reaches no MCP server"),
+        "context_management": (None, "the gateway never edits a context")}
+
+
+@dataclass
+class MessagesCall:
+    chat: ChatRequest
+    stream: bool
+
+
+def parse(body: Any, model: str, counting: bool = False) -> MessagesCall:
+    """``counting``: a ``/v1/messages/count_tokens`` request, which has no ``max_tokens``."""
+    body = checked_body(body, model, HONOURED, "/v1/messages", ignored=IGNORED, noop=NOOP)
+    if body.get("max_tokens") is None and not counting:
+        raise ApiError(400, "max_tokens: Field required", param="max_tokens")
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise ApiError(400, "messages must be a non-empty list", param="messages")
+    system = body.get("system")
+    messages = [{"role": "system", "content": _text(system, "system")}] if system else []
+    for i, m in enumerate(raw):
+        messages += _messages(m, f"messages[{i}]")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise ApiError(400, "tools must be a list", param="tools")
+    tools = check_tools([_chat_tool(t, i) for i, t in enumerate(tools or [])] or None)
+    choice, parallel = _tool_choice(body.get("tool_choice"))
+    stop = body.get("stop_sequences") or []
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise ApiError(400, "stop_sequences must be a list of strings", param="stop_sequences")
+    chat = ChatRequest(messages=messages, tools=tools, stop=stop,
+                       temperature=number(body, "temperature", float, None, low=0.0, high=1.0),
+                       top_p=number(body, "top_p", float, None, low=0.0, high=1.0),
+                       max_tokens=number(body, "max_tokens", int, None, low=1),
+                       tool_choice=check_tool_choice(choice, tools), parallel_tool_calls=parallel)
+    return MessagesCall(chat, stream=bool(body.get("stream")))
+
+
+def _chat_tool(tool: Any, i: int) -> dict:
+    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or tool.get("type") not in (None, "custom"):
+        kind = tool.get("type") if isinstance(tool, dict) else tool
+        raise ApiError(400, f"tools[{i}]: only custom tools (name, description, input_schema) are served, got "
+                            f"{kind!r}"[:300], param=f"tools[{i}]")
+    fn = {"name": tool["name"]}
+    if tool.get("description"):
+        fn["description"] = tool["description"]
+    fn["parameters"] = tool.get("input_schema") or {"type": "object", "properties": {}}
+    return {"type": "function", "function": fn}
+
+
+def _tool_choice(choice: Any) -> tuple[Any, bool | None]:
+    if choice is None:
+        return None, None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
+    if kind == "tool":
+        mapped = {"type": "function", "function": {"name": choice.get("name")}}
+    if mapped is None:
+        raise ApiError(400, f"tool_choice must be of type auto, any, tool or none, got {json.dumps(choice)[:120]}",
+                       param="tool_choice")
+    disable = choice.get("disable_parallel_tool_use")
+    return mapped, None if disable is None else not disable
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where} must be a string or a list of text blocks", param=where)
+    texts = []
+    for j, block in enumerate(content):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            kind = block.get("type") if isinstance(block, dict) else block
+            raise ApiError(400, f"{where}[{j}]: only text blocks are served here, got {kind!r}"[:300],
+                           param=f"{where}[{j}]")
+        texts.append(block["text"])
+    return "".join(texts)
+
+
+def _messages(m: Any, where: str) -> list[dict]:
+    """One Anthropic message as chat messages (a user's tool results are ``tool`` messages of their own)."""
+    role = m.get("role") if isinstance(m, dict) else None
+    if role not in ("user", "assistant"):
+        raise ApiError(400, f"{where}.role must be user or assistant, got {role!r}", param=where)
+    content = m.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}.content must be a string or a list of blocks", param=where)
+    out: list[dict] = []
+    texts, think, calls = [], None, []
+    for j, block in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "thinking" and role == "assistant":
+            think = (think or "") + str(block.get("thinking", ""))
+        elif kind == "tool_use" and role == "assistant":
+            calls.append({"id": block.get("id"), "type": "function",
+                          "function": {"name": block.get("name"), "arguments": block.get("input") or {}}})
+        elif kind == "tool_result" and role == "user":
+            result = block.get("content")
+            text = "" if result is None else _text(result, at + ".content")
+            out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
+        else:
+            raise ApiError(400, f"{at}: blocks of type {kind!r} are not served in a {role} message (text, "
+                                f"tool_use, tool_result and thinking are)", param=at)
+    if role == "assistant":
+        message = {"role": "assistant", "content": (f"<think>{think}</think>" if think is not None else "")
+                   + "".join(texts)}
+        if calls:
+            message["tool_calls"] = calls
+        return [message]
+    if texts or not out:
+        out.append({"role": "user", "content": "".join(texts)})
+    return out
+
+
+def build(call: MessagesCall, generated: Any, model: str) -> dict:
+    """The Anthropic ``message`` for one generated reply."""
+    reply = generated.replies[0]
+    content: list[dict] = []
+    think, text = reply.reasoning, reply.content  # the family's reasoning parser split them
+    if think is not None:  # no signature: the block is the policy's own text, not Anthropic's
+        content.append({"type": "thinking", "thinking": think, "signature": ""})
+    if text or not reply.tool_calls:
+        content.append({"type": "text", "text": text})
+    for tc in reply.tool_calls:
+        content.append({"type": "tool_use", "id": "toolu_" + tc["id"].removeprefix("call_"),
+                        "name": tc["function"]["name"], "input": _arguments(tc["function"]["arguments"])})
+    stop = {"length": "max_tokens", "tool_calls": "tool_use"}.get(reply.finish)
+    if stop is None:
+        stop = "stop_sequence" if reply.stop_sequence else "end_turn"
+    return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model,
+            "content": content, "stop_reason": stop, "stop_sequence": reply.stop_sequence,
+            "usage": {"input_tokens": len(generated.prompt_ids), "output_tokens": generated.completion_tokens}}
+
+
+def _arguments(text: str) -> dict:
+    """A tool call's arguments as the object ``tool_use.input`` must be (what the policy wrote, if not one)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def events(message: dict) -> Iterator[bytes]:
+    """The finished ``message`` as Anthropic streams one."""
+
+    start = dict(message, content=[], stop_reason=None, stop_sequence=None,
+                 usage=dict(message["usage"], output_tokens=0))
+    yield sse({"type": "message_start", "message": start}, event="message_start")
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            first, delta = dict(block, text=""), {"type": "text_delta", "text": block["text"]}
+        elif block["type"] == "thinking":
+            first, delta = dict(block, thinking=""), {"type": "thinking_delta", "thinking": block["thinking"]}
+        else:
+            first = dict(block, input={})
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        yield sse({"type": "content_block_start", "index": index, "content_block": first}, event="content_block_start")
+        yield sse({"type": "content_block_delta", "index": index, "delta": delta}, event="content_block_delta")
+        yield sse({"type": "content_block_stop", "index": index}, event="content_block_stop")
+    yield sse({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"],
+                                                  "stop_sequence": message["stop_sequence"]},
+               "usage": {"output_tokens": message["usage"]["output_tokens"]}}, event="message_delta")
+    yield sse({"type": "message_stop"}, event="message_stop")

@@ -1,0 +1,334 @@
+"""``POST /v1/responses``: the Responses API (``client.responses.create``, the OpenAI Agents SDK's default model
+API) over the gateway's chat path.
+
+A request is translated into a :class:`~openmanus_rl_core.gateway.requests.ChatRequest`, so its call is batched,
+rendered by the chat template and recorded exactly like a chat completion:
+
+- ``instructions`` -> a leading system message (not carried over by ``previous_response_id``, as OpenAI's API does);
+- ``input``: a string (one user message) or items: messages (``input_text`` / ``output_text`` parts; any other
+  part is refused), ``function_call`` (an assistant's tool call; consecutive ones are one assistant turn),
+  ``function_call_output`` (a ``tool`` message), ``reasoning`` (put back in front of the assistant turn it preceded
+  as the ``<think>`` block the model wrote, so the re-rendered prompt holds the model's own text);
+- function ``tools`` (flat: ``{"type": "function", "name", "parameters"}``) -> the chat template's tool shape;
+  ``tool_choice``, ``parallel_tool_calls`` and ``text.format`` -> the chat request's ``tool_choice``,
+  ``parallel_tool_calls`` and ``response_format``;
+- ``previous_response_id``: the conversation of a response of the same episode (its input and its output), the new
+  input appended. The gateway keeps an episode's responses until the episode closes (``store`` false: not kept),
+  ``serve``'s last :attr:`~openmanus_rl_core.gateway.server.Gateway.SERVED_RESPONSES`.
+
+The reply's ``output``: a ``reasoning`` item for a leading ``<think>`` block, a ``message`` with the text, one
+``function_call`` item per tool call. Its status is ``incomplete`` only when the request's own
+``max_output_tokens`` cut it; a reply cut by the run's length cap is ``completed`` (see :func:`build`). ``stream``
+sends the SDK's typed events for the finished reply (``response.created`` ... ``response.completed``, or
+``response.incomplete``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from pydantic import TypeAdapter
+
+from openmanus_rl_core.gateway.requests import (ApiError, ChatRequest, check_response_format, check_tool_choice,
+                                                check_tools, checked_body, flag, number, template_call, unsupported)
+from openmanus_rl_core.gateway.sse import sse
+
+HONOURED = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+                      "max_output_tokens", "temperature", "top_p", "text", "previous_response_id", "stream", "store",
+                      "metadata", "include"})
+# Accepted and ignored (docs/gateway.md): nothing a policy samples depends on them, or the gateway does what they
+# ask anyway (truncation: a prompt too long is refused, never cut).
+IGNORED = frozenset({"user", "safety_identifier", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
+                     "service_tier", "reasoning", "truncation", "max_tool_calls", "stream_options", "moderation"})
+NOOP = {"background": (False, "a response is generated while the request waits"),
+        "conversation": (None, "there is no Conversations API here: send previous_response_id or the items"),
+        "prompt": (None, "there are no stored prompt templates here"),
+        "context_management": (None, "the gateway never compacts a context"),
+        "top_logprobs": (0, "the engine records the sampled token's log-prob only "
+                            "(include message.output_text.logprobs gives it)")}
+# include values: the sampled tokens' log-probs are given; the others name what this gateway never produces.
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
+INCLUDE_EMPTY = frozenset({"reasoning.encrypted_content"})
+
+_EVENT = None  # TypeAdapter(ResponseStreamEvent), built on first use
+
+
+@dataclass
+class ResponsesCall:
+    """A parsed ``/v1/responses`` request: the chat request it becomes, the conversation a later
+    ``previous_response_id`` continues from (its messages without the instructions), and what the reply echoes."""
+
+    chat: ChatRequest
+    conversation: list[dict]
+    body: dict
+    stream: bool
+    store: bool
+    logprobs: bool
+
+
+def parse(body: Any, gateway: Any, record: Any) -> ResponsesCall:
+    body = checked_body(body, gateway.model, HONOURED, "/v1/responses", ignored=IGNORED, noop=NOOP)
+    include = body.get("include") or []
+    if not isinstance(include, list) or any(i != INCLUDE_LOGPROBS and i not in INCLUDE_EMPTY for i in include):
+        raise unsupported("include", f"include={json.dumps(include)[:120]}: only {INCLUDE_LOGPROBS!r} (and "
+                                     f"{sorted(INCLUDE_EMPTY)}, which give nothing here) are served")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise ApiError(400, "instructions must be a string", param="instructions")
+    previous = body.get("previous_response_id")
+    conversation = list(_previous(previous, gateway, record)) if previous is not None else []
+    conversation += input_messages(body.get("input"))
+    if not conversation:
+        raise ApiError(400, "input must be a string or a non-empty list of items", param="input")
+    tools = check_tools([_chat_tool(t, i) for i, t in enumerate(_list(body, "tools"))] or None)
+    messages = ([{"role": "system", "content": instructions}] if instructions else []) + conversation
+    text = body.get("text") or {}
+    if not isinstance(text, dict):
+        raise ApiError(400, "text must be an object", param="text")
+    chat = ChatRequest(messages=messages, tools=tools,
+                       temperature=number(body, "temperature", float, None, low=0.0, high=2.0),
+                       top_p=number(body, "top_p", float, None, low=0.0, high=1.0),
+                       max_tokens=number(body, "max_output_tokens", int, None, low=1),
+                       tool_choice=check_tool_choice(_chat_tool_choice(body.get("tool_choice")), tools),
+                       parallel_tool_calls=flag(body, "parallel_tool_calls"),
+                       response_format=check_response_format(_chat_format(text.get("format")), "text.format"))
+    return ResponsesCall(chat, conversation, body, stream=bool(flag(body, "stream")),
+                         store=flag(body, "store") is not False, logprobs=INCLUDE_LOGPROBS in include)
+
+
+def _list(body: dict, name: str) -> list:
+    value = body.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ApiError(400, f"{name} must be a list", param=name)
+    return value
+
+
+def _previous(response_id: Any, gateway: Any, record: Any) -> list[dict]:
+    store = record.responses if record is not None else gateway.served_responses
+    if not isinstance(response_id, str) or response_id not in store:
+        raise ApiError(400, f"previous_response_id {response_id!r} names no response of this episode (responses are "
+                            f"kept within their episode, and not at all with store=false)",
+                       param="previous_response_id", code="previous_response_not_found")
+    return store[response_id]
+
+
+def _chat_tool(tool: Any, i: int) -> dict:
+    """A Responses function tool (flat) in the chat template's shape."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, dict) else tool
+        raise ApiError(400, f"tools[{i}]: only function tools are served, got type {kind!r}"[:300],
+                       param=f"tools[{i}]")
+    if not isinstance(tool.get("name"), str):
+        raise ApiError(400, f"tools[{i}] needs a name", param=f"tools[{i}]")
+    fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+    return {"type": "function", "function": fn}
+
+
+def _chat_tool_choice(choice: Any) -> Any:
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _chat_format(fmt: Any) -> Any:
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": spec}
+    return fmt
+
+
+# ---------------------------------------------------------------------------------------------- input items
+def input_messages(items: Any) -> list[dict]:
+    """Responses ``input`` as chat messages, in the chat template's terms (see the module doc)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise ApiError(400, "input must be a string or a list of items", param="input")
+    messages: list[dict] = []
+    turn: dict | None = None  # the assistant turn the next function_call joins
+    think: str | None = None  # a reasoning item's text, for the assistant turn that follows it
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise ApiError(400, f"{where} must be an object", param=where)
+        kind = item.get("type", "message")
+        if kind == "reasoning":
+            think = (think or "") + _reasoning_text(item, where)
+        elif kind == "message" and item.get("role") == "assistant":
+            turn = {"role": "assistant", "content": _with_think(think, _text(item.get("content"), where))}
+            think = None
+            messages.append(turn)
+        elif kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer"):
+                raise ApiError(400, f"{where}.role must be user, assistant, system or developer, got {role!r}",
+                               param=where)
+            messages.append({"role": "system" if role == "developer" else role,
+                             "content": _text(item.get("content"), where)})
+            turn = None
+        elif kind == "function_call":
+            if turn is None or think is not None:
+                turn = {"role": "assistant", "content": _with_think(think, "")}
+                think = None
+                messages.append(turn)
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+            turn.setdefault("tool_calls", []).append(template_call(call, where))
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                             "content": output if isinstance(output, str) else _text(output, where + ".output")})
+            turn = None
+        else:
+            raise ApiError(400, f"{where}: items of type {kind!r} are not served (message, function_call, "
+                                f"function_call_output and reasoning are)", param=where)
+    if think is not None:  # reasoning the conversation ends on: an assistant turn of its own
+        messages.append({"role": "assistant", "content": _with_think(think, "")})
+    return messages
+
+
+def _with_think(think: str | None, text: str) -> str:
+    return text if think is None else f"<think>{think}</think>{text}"
+
+
+def _reasoning_text(item: dict, where: str) -> str:
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list):
+        raise ApiError(400, f"{where}.content must be a list of reasoning_text parts", param=where)
+    return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}.content must be a string or a list of text parts", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text", "refusal"):
+            raise ApiError(400, f"{where}.content[{j}]: only text parts are served, got type {kind!r}",
+                           param=f"{where}.content[{j}]")
+        text = part.get("refusal") if kind == "refusal" else part.get("text")
+        if not isinstance(text, str):
+            raise ApiError(400, f"{where}.content[{j}] needs its text", param=f"{where}.content[{j}]")
+        texts.append(text)
+    return "".join(texts)
+
+
+# ---------------------------------------------------------------------------------------------- the reply
+def build(call: ResponsesCall, generated: Any, gateway: Any, record: Any) -> Any:
+    """The ``Response`` for one generated reply; its conversation kept for ``previous_response_id``."""
+    from openai.types.responses import Response
+
+    reply = generated.replies[0]
+    output: list[dict] = []
+    reasoning, text = reply.reasoning, reply.content  # the family's reasoning parser split them
+    if reasoning is not None:
+        output.append({"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": [],
+                       "content": [{"type": "reasoning_text", "text": reasoning}]})
+    if text or not reply.tool_calls:
+        part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+        if call.logprobs:
+            part["logprobs"] = [{"token": gateway.tokenizer.decode([t]), "logprob": lp, "bytes": [],
+                                 "top_logprobs": []}
+                                for t, lp in zip(reply.call.completion_ids, reply.call.logprobs)]
+            for lp in part["logprobs"]:
+                lp["bytes"] = list(lp["token"].encode())
+        output.append({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
+                       "status": "completed", "content": [part]})
+    for tc in reply.tool_calls:
+        output.append({"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "call_id": tc["id"],
+                       "name": tc["function"]["name"], "arguments": tc["function"]["arguments"],
+                       "status": "completed"})
+    body = call.body
+    # Incomplete only where the request's own max_output_tokens cut the reply, as OpenAI answers it. A reply cut by
+    # the run's length cap or the context is answered as completed, its text as far as it went: the Agents SDK
+    # raises on an incomplete response, which would drop the episode instead of training on the cut reply.
+    asked = body.get("max_output_tokens")
+    cut = reply.finish == "length" and asked is not None and len(reply.call.completion_ids) >= asked
+    prompt, completion = len(generated.prompt_ids), generated.completion_tokens
+    tools = [dict(t, strict=t.get("strict", True)) for t in body.get("tools") or []]
+    response = Response.model_validate({
+        "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": time.time(), "model": gateway.model,
+        "status": "incomplete" if cut else "completed", "output": output, "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "instructions": body.get("instructions"), "metadata": body.get("metadata"),
+        "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"), "tool_choice": body.get("tool_choice") or "auto", "tools": tools,
+        "max_output_tokens": body.get("max_output_tokens"), "previous_response_id": body.get("previous_response_id"),
+        "text": body.get("text") or {"format": {"type": "text"}}, "store": call.store,
+        "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                  "output_tokens": completion,
+                  "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + completion}})
+    if call.store:
+        kept = call.conversation + input_messages(output)
+        if record is not None:
+            record.responses[response.id] = kept
+        else:
+            gateway.served_responses[response.id] = kept
+            while len(gateway.served_responses) > gateway.SERVED_RESPONSES:
+                gateway.served_responses.popitem(last=False)
+    return response
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value.model_dump(mode="json", exclude_unset=True) if hasattr(value, "model_dump") else value
+
+
+def events(response: Any) -> Iterator[bytes]:
+    """The finished ``response`` as the Responses API streams one: server-sent events of the SDK's own types."""
+
+    global _EVENT
+    if _EVENT is None:
+        from openai.types.responses import ResponseStreamEvent
+
+        _EVENT = TypeAdapter(ResponseStreamEvent)
+    seq = iter(range(1 << 30))
+
+    def event(kind: str, **fields: Any) -> bytes:
+        # As plain data: an event's part types are its own classes, not the output item's.
+        fields = {k: _plain(v) for k, v in fields.items()}
+        data = _EVENT.validate_python(dict(fields, type=kind, sequence_number=next(seq)))
+        return sse(data.model_dump_json(exclude_unset=True), event=kind)
+
+    start = response.model_copy(update={"status": "in_progress", "output": [], "usage": None,
+                                        "incomplete_details": None})
+    yield event("response.created", response=start)
+    yield event("response.in_progress", response=start)
+    for index, item in enumerate(response.output):
+        at = {"output_index": index, "item_id": item.id}
+        if item.type == "reasoning":
+            text = "".join(p.text for p in item.content or [])
+            yield event("response.output_item.added", output_index=index,
+                        item=item.model_copy(update={"content": [], "status": "in_progress"}))
+            yield event("response.reasoning_text.delta", content_index=0, delta=text, **at)
+            yield event("response.reasoning_text.done", content_index=0, text=text, **at)
+        elif item.type == "message":
+            part = item.content[0]
+            yield event("response.output_item.added", output_index=index,
+                        item=item.model_copy(update={"content": [], "status": "in_progress"}))
+            empty = part.model_copy(update={"text": "", "logprobs": []})
+            yield event("response.content_part.added", content_index=0, part=empty, **at)
+            logprobs = part.logprobs or []
+            yield event("response.output_text.delta", content_index=0, delta=part.text, logprobs=logprobs, **at)
+            yield event("response.output_text.done", content_index=0, text=part.text, logprobs=logprobs, **at)
+            yield event("response.content_part.done", content_index=0, part=part, **at)
+        else:
+            yield event("response.output_item.added", output_index=index,
+                        item=item.model_copy(update={"arguments": "", "status": "in_progress"}))
+            yield event("response.function_call_arguments.delta", delta=item.arguments, **at)
+            yield event("response.function_call_arguments.done", arguments=item.arguments, name=item.name, **at)
+        yield event("response.output_item.done", output_index=index, item=item)
+    done = "response.incomplete" if response.status == "incomplete" else "response.completed"
+    yield event(done, response=response)
