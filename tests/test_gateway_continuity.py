@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from openmanus_rl_core.gateway import episodes as gateway_episodes
 from openmanus_rl_core.gateway.episodes import episode_from_record, prompt_for, segments
 from openmanus_rl_core.gateway.tools import reply_text
 from openmanus_rl_core.gateway.requests import ChatRequest
-from openmanus_rl_core.gateway.server import Call, EpisodeRecord
+from openmanus_rl_core.gateway.records import Call, EpisodeRecord
 from openmanus_rl_core.gateway.tools import ChatRenderer
 
 QWEN3 = (Path(__file__).parent / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text()
@@ -149,23 +148,21 @@ def test_with_its_history_trimmed_mid_episode_it_is_two_segments_the_calls_befor
     assert [t for t, m in zip(ep.response_ids, ep.response_mask) if m] == generated
     for t, prompt in enumerate(gw.engine_prompts):
         assert ep.context_ids(t) == prompt
-    if gateway_episodes._SEGMENT_SAMPLES:  # one sample per segment
-        from openmanus_rl_core.plugin.registry import build
-        from openmanus_rl_core.rollout import build_batch
+    # one sample per segment
+    from openmanus_rl_core.plugin.registry import build
+    from openmanus_rl_core.rollout import build_batch
 
-        assert info["gateway"] == "segments" and ep.context_turns == [0, 3]
-        assert ep.contexts == [gw.engine_prompts[0], gw.engine_prompts[3]]
-        batch = build_batch([ep], None, build("allocator", {"name": "last_token", "kwargs": {}}), pad_token_id=0)
-        rows = [[t for t, m in zip(r.tolist(), a.tolist()) if m] for r, a in
-                zip(batch.tensors["input_ids"], batch.tensors["attention_mask"])]
-        # each row: the segment's first prompt, then its replies with the masked tokens between them
-        assert rows == [gw.engine_prompts[2] + gw.generated[2], gw.engine_prompts[4] + gw.generated[4]]
-        generated = [[t for t, m in zip(r.tolist(), k.tolist()) if m] for r, k in
-                     zip(batch.tensors["responses"], batch.tensors["response_mask"])]
-        assert generated == [sum(gw.generated[:3], []), sum(gw.generated[3:], [])]
-        assert list(batch.non_tensors["uid"]) == [f"{ep.uid}:0", f"{ep.uid}:1"]
-    else:  # an Episode without per-segment contexts: one sample per call
-        assert info["gateway"] == "per_call" and ep.contexts == gw.engine_prompts
+    assert info["gateway"] == "segments" and ep.context_turns == [0, 3]
+    assert ep.contexts == [gw.engine_prompts[0], gw.engine_prompts[3]]
+    batch = build_batch([ep], None, build("allocator", {"name": "last_token", "kwargs": {}}), pad_token_id=0)
+    rows = [[t for t, m in zip(r.tolist(), a.tolist()) if m] for r, a in
+            zip(batch.tensors["input_ids"], batch.tensors["attention_mask"])]
+    # each row: the segment's first prompt, then its replies with the masked tokens between them
+    assert rows == [gw.engine_prompts[2] + gw.generated[2], gw.engine_prompts[4] + gw.generated[4]]
+    generated = [[t for t, m in zip(r.tolist(), k.tolist()) if m] for r, k in
+                 zip(batch.tensors["responses"], batch.tensors["response_mask"])]
+    assert generated == [sum(gw.generated[:3], []), sum(gw.generated[3:], [])]
+    assert list(batch.non_tensors["uid"]) == [f"{ep.uid}:0", f"{ep.uid}:1"]
 
 
 def test_a_reply_sent_back_edited_or_other_tools_start_a_new_segment(tok):
@@ -213,7 +210,7 @@ def test_the_gateway_metrics_count_segments_and_bridged_calls(tok):
         _play(gw, trim_at=trim)
         eps.append(episode_from_record(gw.record))
     m = rollout_metrics(eps)
-    assert m["gateway/continuous_episodes"] == 1 and m["gateway/per_call_episodes"] == 1
+    assert m["gateway/continuous_episodes"] == 1 and m["gateway/segmented_episodes"] == 1
     assert m["gateway/segments/mean"] == 1.5 and m["gateway/segments/max"] == 2
     assert m["gateway/bridged_calls"] == 4 + 3
 

@@ -42,7 +42,7 @@ def test_the_readme_agent_trains_from_the_command_line(tmp_path, ray_local, comm
     rows = _rows(run)
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:  # every episode of the step went through the gateway: 2 tasks x 2 samples
-        assert r["gateway/continuous_episodes"] + r["gateway/per_call_episodes"] == 4
+        assert r["gateway/continuous_episodes"] + r["gateway/segmented_episodes"] == 4
         assert r["rollout/termination/env_error"] == 0 and r["rollout/turns/mean"] >= 1
     assert "val/success_rate" in rows[-1] and (run / "checkpoints" / "step_000002").is_dir()
 
@@ -139,6 +139,6 @@ def test_the_stream_trains_a_function_agent_with_every_token_tagged_by_its_versi
     rows = _rows(run)[1:]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
-        assert r["stream/groups"] == 2 and r["gateway/continuous_episodes"] + r["gateway/per_call_episodes"] == 4
+        assert r["stream/groups"] == 2 and r["gateway/continuous_episodes"] + r["gateway/segmented_episodes"] == 4
         assert 0 <= r.get("stream/staleness_max", 0) <= 2
     assert rows[0]["stream/first_batch"] == 1.0 and rows[-1].get("stream/staleness_mean", 0) > 0

@@ -31,21 +31,16 @@ it); success is what it posted, else reward > 0.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from openmanus_rl_core.gateway.records import Call, EpisodeRecord
 from openmanus_rl_core.gateway.tools import ChatRenderer
 from openmanus_rl_core.protocols import ParsedAction, Trajectory, Turn
 from openmanus_rl_core.rollout.episode import Episode
 
-if TYPE_CHECKING:  # the server builds its prompts with prompt_for: no import of it at run time
-    from openmanus_rl_core.gateway.server import Call, EpisodeRecord
 
-# Whether an Episode can hold one context per segment (``Episode.context_turns``); without it, an episode of several
-# segments is laid out one sample per call, as a per-turn memory's.
-_SEGMENT_SAMPLES = "context_turns" in {f.name for f in dataclasses.fields(Episode)}
 
 
 # --------------------------------------------------------------------------------------------- bridging
@@ -172,12 +167,9 @@ def episode_from_record(record: EpisodeRecord, template: Any = None, error: str 
     trajectory = Trajectory(task_id=task.get("task_id"), seed=task.get("seed"), group_id=task.get("group_id"),
                             initial_observation="", task=dict(task))
     parts = segments(calls)
-    per_call = len(parts) > 1 and not _SEGMENT_SAMPLES
-    if per_call:
-        parts = [[i] for i in range(len(calls))]
-    trajectory.info["gateway"] = "continuous" if len(parts) <= 1 else "per_call" if per_call else "segments"
-    trajectory.info["gateway_segments"] = len(segments(calls)) if calls else 0
-    trajectory.info["gateway_bridged"] = sum(bool(getattr(call, "bridged", False)) for call in calls)
+    trajectory.info["gateway"] = "continuous" if len(parts) <= 1 else "segments"
+    trajectory.info["gateway_segments"] = len(parts) if calls else 0
+    trajectory.info["gateway_bridged"] = sum(call.bridged for call in calls)
     episode = Episode(trajectory=trajectory, prompt_ids=list(calls[0].prompt_ids) if calls else [])
     trajectory.initial_observation = calls[0].last_message if calls else ""
     starts = {part[0] for part in parts}
@@ -189,8 +181,7 @@ def episode_from_record(record: EpisodeRecord, template: Any = None, error: str 
                 _append(episode, call.prompt_ids[len(before.prompt_ids) + len(before.completion_ids):], mask=0)
         if len(parts) > 1 and i in starts:
             episode.contexts.append(list(call.prompt_ids))
-            if not per_call:
-                episode.context_turns.append(i)
+            episode.context_turns.append(i)
         start = len(episode.response_ids)
         _append(episode, call.completion_ids, mask=1, logprobs=call.logprobs, version=call.version)
         action = template.parse(call.text) if template is not None else ParsedAction("message", call.text, True)

@@ -17,7 +17,7 @@ def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None)
     ``rollout_time_s`` the loop stores in each trajectory's info). With a model-written memory summary
     (rollout/summaries.py): ``rollout/summary_tokens/{mean,max}`` over the summaries written,
     ``rollout/summary_writes``, ``rollout/summary_fallbacks`` and ``rollout/summary_cut`` (counts). With an agent
-    behind the gateway: ``gateway/continuous_episodes`` (one sample each) and ``gateway/per_call_episodes`` (split
+    behind the gateway: ``gateway/continuous_episodes`` (one sample each) and ``gateway/segmented_episodes`` (split
     at a break in their history: one sample per segment), ``gateway/segments/{mean,max}`` per episode and
     ``gateway/bridged_calls`` (calls continued from the recorded tokens where the chat template re-renders history).
     """
@@ -47,7 +47,7 @@ def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None)
     if gateway:  # an agent behind the gateway: how its calls became samples (gateway/episodes.py)
         joined = Counter(info["gateway"] for info in gateway)
         out["gateway/continuous_episodes"] = float(joined.get("continuous", 0))
-        out["gateway/per_call_episodes"] = float(len(gateway) - joined.get("continuous", 0))
+        out["gateway/segmented_episodes"] = float(len(gateway) - joined.get("continuous", 0))
         parts = [info["gateway_segments"] for info in gateway]
         out["gateway/segments/mean"] = sum(parts) / len(parts)
         out["gateway/segments/max"] = float(max(parts))

@@ -243,7 +243,7 @@ def test_train_three_steps_from_the_cli_scores_the_verifiers_reward(envs_dir, ra
     for step in (1, 2, 3):
         r = rows[step]
         # every episode of the step (2 tasks x 2 samples) went through the gateway, none failed
-        assert r["gateway/continuous_episodes"] + r["gateway/per_call_episodes"] == 4
+        assert r["gateway/continuous_episodes"] + r["gateway/segmented_episodes"] == 4
         assert r["rollout/termination/env_error"] == 0
         assert r["train/reward_mean"] == 0.25 and r["train/reward/goal/mean"] == 0.25  # the rubric's, exactly
     samples = [json.loads(line) for line in (run / "validation" / "val_step_000003.jsonl").read_text().splitlines()]
