@@ -267,3 +267,27 @@ def test_vllm_decodes_under_the_same_constraints(tmp_path, tok):
         assert gens[2].logprobs[-1] == pytest.approx(0.0, abs=1e-5)
     finally:
         eng.close()
+
+
+def test_the_update_weighs_a_constrained_token_by_the_allowed_mass(engine, model, tok):
+    """How the update accounts for the mask: an agent run with constrained decoding corrects with TIS (``auto``),
+    whose per-token weight min(pi_old / pi_engine, cap) is exp(unmasked - masked) = the mass the mask allowed, at
+    most 1: the importance weight that makes masked samples an unbiased gradient of the unmasked policy."""
+    from openmanus_rl_core.algorithms.correction import correction_mode, truncated_is_weights
+    from openmanus_rl_core.config.loading import load
+
+    agent = load(["agent.command=python agent.py"], training=False)
+    assert correction_mode(agent.algorithm, agent.rollout, agent.agent) == "tis"
+    off = load(["agent.command=python agent.py", "agent.constrained=false"], training=False)
+    assert correction_mode(off.algorithm, off.rollout, off.agent) == "off"  # a lockstep run: no correction
+    prompts = _prompts(tok, 2)
+    gens = engine.generate(prompts, SamplingParams(max_new_tokens=32, constraint=json_schema_constraint(WORD)))
+    for prompt, g in zip(prompts, gens):
+        ids = torch.tensor([list(prompt) + g.token_ids])
+        with torch.no_grad():
+            old = torch.log_softmax(model(ids).logits[0, len(prompt) - 1:-1].float(), -1)
+        old = old.gather(-1, torch.tensor(g.token_ids).unsqueeze(-1)).squeeze(-1)[None]
+        behaviour = torch.tensor([g.logprobs])
+        w, _ = truncated_is_weights(old, behaviour, torch.ones_like(old), cap=2.0)
+        assert torch.allclose(w, torch.exp(old - behaviour), atol=1e-5) and float(w.max()) <= 1.0 + 1e-5
+        assert float(w.min()) < 0.5  # the mask removed real mass somewhere: the weight is not a no-op

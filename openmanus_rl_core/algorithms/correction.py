@@ -41,11 +41,16 @@ import torch
 from openmanus_rl_core.algorithms.losses import masked_mean
 
 
-def correction_mode(algo: Any, rcfg: Any) -> str:
-    """The correction a run applies (``algo``: the algorithm section, ``rcfg``: the rollout section): ``tis``,
-    ``behaviour`` or ``off``; ``auto`` is ``behaviour`` in the group stream, else ``off``."""
+def correction_mode(algo: Any, rcfg: Any, agent: Any = None) -> str:
+    """The correction a run applies (``algo``: the algorithm section, ``rcfg``: the rollout section, ``agent``: the
+    agent section): ``tis``, ``behaviour`` or ``off``. ``auto`` is ``tis`` for an agent behind the gateway whose
+    decoding may be constrained (``agent.constrained``: a grammar mask makes the engine sample from the masked,
+    renormalised policy, so ``pi_old / pi_engine`` is the allowed tokens' mass, at most 1: the exact importance
+    weight of the unmasked policy), ``behaviour`` in the group stream, else ``off``."""
     if algo.rollout_correction != "auto":
         return algo.rollout_correction
+    if agent is not None and (agent.command or agent.function) and agent.constrained:
+        return "tis"
     return "behaviour" if rcfg.max_staleness is not None else "off"
 
 

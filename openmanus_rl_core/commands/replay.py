@@ -145,7 +145,7 @@ def _update(run: Any, actor: Any, critic: Any, batch: Any, step: int) -> dict[st
         metrics.update(_avg(critic.call_each("update", [(s.select(keys), step) for s in shards])))
     if step > run.critic.warmup_steps:
         keys = [*LEAN_KEYS, "advantages", *(k for k in ("old_log_probs", "ref_log_probs") if k in batch),
-                *(["rollout_log_probs"] if correction_mode(run.algorithm, run.rollout) == "tis" else [])]
+                *(["rollout_log_probs"] if correction_mode(run.algorithm, run.rollout, run.agent) == "tis" else [])]
         shards, _ = shard_batch(batch, actor.size)
         metrics.update(_avg(actor.call_each("update", [(s.select(keys), step) for s in shards])))
     return metrics

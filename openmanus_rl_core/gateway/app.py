@@ -140,7 +140,7 @@ def chat_chunks(completion: Any, req: ChatRequest) -> list[bytes]:
         message = choice.message
         delta: dict[str, Any] = {"role": "assistant", "content": message.content}
         if message.tool_calls:
-            delta["tool_calls"] = [dict(c.model_dump(), index=j) for j, c in enumerate(message.tool_calls)]
+            delta["tool_calls"] = [dict(call.model_dump(), index=j) for j, call in enumerate(message.tool_calls)]
         logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
         for part in ({"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": None},
                      {"index": choice.index, "delta": {}, "logprobs": None, "finish_reason": choice.finish_reason}):

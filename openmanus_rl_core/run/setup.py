@@ -47,7 +47,7 @@ def setup(trainer: Any) -> None:
 
     from openmanus_rl_core.algorithms import make_kl_controller
     from openmanus_rl_core.data.tasks import load_tasks, require_tasks
-    from openmanus_rl_core.plugin.envs import EnvErrorWatch, open_env_service
+    from openmanus_rl_core.plugin.envs import EnvErrorWatch, open_env_service, train_at_once
     from openmanus_rl_core.run.metrics import make_run_dir
     from openmanus_rl_core.run.model_folder import prepare_model_dir
     from openmanus_rl_core.models.loading import check_model, recipe_line
@@ -56,7 +56,7 @@ def setup(trainer: Any) -> None:
     from openmanus_rl_core.run.resume import resume_point
     from openmanus_rl_core.rewards.composer import RewardComposer
     from openmanus_rl_core.data.generation import ensure_task_files
-    from openmanus_rl_core.data.sources import make_sampler
+    from openmanus_rl_core.data.sources import first_tasks, make_sampler
     from openmanus_rl_core.run.dumps import RolloutDumps
     from openmanus_rl_core.plugin.mix import MixEnv, ratios, source_rewards
 
@@ -77,7 +77,8 @@ def setup(trainer: Any) -> None:
 
     # The env's servers: checked (or started, by this process only) before any model or tokenizer is built.
     # Every env, here and in the workers, is built from the kwargs the service hands back (servers by URL).
-    trainer.env_service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs)
+    trainer.env_service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs,
+                                           at_once=train_at_once(cfg))
     cfg.env.kwargs = trainer.env_service.kwargs
     trainer.env_errors = EnvErrorWatch(cfg.trainer.max_env_error_steps, trainer.env_service.check)
 
@@ -86,6 +87,8 @@ def setup(trainer: Any) -> None:
     data_dir = trainer.run_dir / "data"
     train_files, val_files = ensure_task_files(cfg, data_dir)
     trainer.train_tasks = load_tasks(train_files)
+    for i, task in enumerate(trainer.train_tasks):  # each row's identity in the dumps: its row in the task files
+        task["task_row"] = i
     trainer.val_tasks = load_tasks(val_files)
     tcfg = cfg.trainer
     validation = {k: getattr(tcfg, k) for k in ("val_freq", "val_before_train", "val_at_end")}
@@ -94,9 +97,10 @@ def setup(trainer: Any) -> None:
         require_tasks(trainer.val_tasks, val_files, f"the run validates ({settings}); give validation tasks "
                       f"(data.val_files, or env.val_tasks > 0) or turn validation off (trainer.val_freq=0 "
                       f"trainer.val_before_train=false trainer.val_at_end=false)")
-    if tcfg.val_max_tasks:
-        trainer.val_tasks = trainer.val_tasks[: tcfg.val_max_tasks]
     mix = registry("env").get(cfg.env.name) is MixEnv  # several sources: each step draws them by ratio
+    if tcfg.val_max_tasks:  # a mix validates every source: the count spread over them by ratio
+        trainer.val_tasks = first_tasks(trainer.val_tasks, tcfg.val_max_tasks,
+                                        ratios(cfg.env.kwargs["sources"]) if mix else None)
     trainer.sampler = make_sampler(trainer.train_tasks, cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle,
                                    ratios(cfg.env.kwargs["sources"]) if mix else None)
 
@@ -116,7 +120,7 @@ def setup(trainer: Any) -> None:
     trainer.old_log_probs_mode = algo.recompute_old_log_probs
     # Off-policy correction (algorithms/correction.py): tis in the actor's update, which then needs the engine's
     # log-probs; behaviour takes the PPO ratio against them.
-    trainer.correction = correction_mode(algo, cfg.rollout)
+    trainer.correction = correction_mode(algo, cfg.rollout, cfg.agent)
     filtering = algo.filter_groups.enabled
     trainer.group_filter = GroupFilter(trainer.composer, algo.filter_groups.metric) if filtering else None
     extra = algo.filter_groups.max_extra_groups

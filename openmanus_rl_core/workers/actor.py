@@ -157,6 +157,23 @@ class ActorWorker(Worker):
                                         lock=self.engine_lock)
         return self._agents
 
+    def score_continuations(self, prompts: list, continuations: list) -> list[float] | None:
+        """Each continuation's summed token log-probability after its prompt under the rollout engine's copy of the
+        policy (the weights validation plays with); None when the engine holds no model here (a served one)."""
+        from openmanus_rl_core.models.scoring import continuation_logprobs
+
+        model = getattr(self.engine, "model", None)
+        if not isinstance(model, torch.nn.Module):  # vLLM or a served model: no module here to run
+            return None
+        with self.engine_lock:
+            if hasattr(self.engine, "wake_up"):  # a sleeping engine's weights wait in CPU memory
+                self.engine.wake_up()
+            try:
+                return continuation_logprobs(model, prompts, continuations, self.tokenizer.pad_token_id)
+            finally:
+                if self.cfg.rollout.sleep_after_rollout and hasattr(self.engine, "sleep") and self.stream is None:
+                    self.engine.sleep()
+
     # ------------------------------------------------------------------------------------------ the stream
     def stream_start(self) -> None:
         """Start this rank's side of the group stream (rollout/stream.py)."""
@@ -242,7 +259,7 @@ class ActorWorker(Worker):
         loss_cfg = dict(algo.loss_cfg)
         agg_mode = loss_cfg["agg_mode"]
         use_kl_loss = algo.use_kl_loss and self.ref is not None
-        correct = correction_mode(algo, self.cfg.rollout) == "tis"
+        correct = correction_mode(algo, self.cfg.rollout, self.cfg.agent) == "tis"
 
         def part_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
             logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True,
