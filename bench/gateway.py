@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["trainer.progress=false", "trainer.save_at_end=false", "trainer.save_freq=0"]
 AGENTS = {"function": "agent.function=examples.key_door_agent:play",
           "command": f"agent.command={sys.executable} {ROOT / 'examples' / 'key_door_agent.py'}"}
+# The built-in loop's template and reward for the agent too (an agent run would take reward=agent and
+# template=message): the agent writes react tags, and parity compares the same reward.
+AS_THE_LOOP = ["template=react", "reward=default"]
 
 
 def train(overrides: list[str], run_dir: Path) -> tuple[dict, float]:
@@ -52,7 +55,7 @@ def parity(seeds: list[int], agent: str, extra: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="omrl-gateway-") as tmp:
         for seed in seeds:
             loop, loop_s = train([f"seed={seed}", *extra], Path(tmp) / f"loop_{seed}")
-            gw, gw_s = train([f"seed={seed}", AGENTS[agent], *extra], Path(tmp) / f"gateway_{seed}")
+            gw, gw_s = train([f"seed={seed}", AGENTS[agent], *AS_THE_LOOP, *extra], Path(tmp) / f"gateway_{seed}")
             out.append((seed, loop, loop_s, gw, gw_s))
             print(f"  seed {seed}: loop {loop['val/success_rate']:.3f}, gateway {gw['val/success_rate']:.3f}",
                   flush=True)  # kept in the log should a later seed fail

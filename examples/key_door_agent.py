@@ -1,8 +1,8 @@
 """An agent written against the OpenAI API, trained unmodified: as a program run once per episode, or as an async
 function run inside the trainer's workers (no process per episode).
 
-    openmanus-rl train env=key_door agent.command="python examples/key_door_agent.py"
-    PYTHONPATH=. openmanus-rl train env=key_door agent.function=examples.key_door_agent:play
+    openmanus-rl train env=key_door template=react agent.command="python examples/key_door_agent.py"
+    PYTHONPATH=. openmanus-rl train env=key_door template=react agent.function=examples.key_door_agent:play
 """
 import asyncio
 import json

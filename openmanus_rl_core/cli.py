@@ -200,13 +200,14 @@ def _print_table(records: list[dict], as_json: bool, cols: list[str]) -> int:
     return 0
 
 
-def composed(command: str, overrides: Sequence[str]):
+def composed(command: str, overrides: Sequence[str], log=None):
     """``(config node, changes)`` as ``command`` sees ``overrides``: keys the command does not read are refused; a
-    resumed training run starts from its own settings (``changes``: what the overrides change of them)."""
+    resumed training run starts from its own settings (``changes``: what the overrides change of them). ``log``: told
+    the options an agent run takes by default (config/loading.py ``agent_options``)."""
     from openmanus_rl_core.config.loading import compose
 
     check_command_keys(command, overrides)
-    cfg = compose(overrides)
+    cfg = compose(overrides, log=log)
     if command in TRAINING_COMMANDS:  # a resumed run continues its own settings, the command line's changes on top
         from openmanus_rl_core.config.resume import resumed_config
 
@@ -221,7 +222,7 @@ def prepare(command: str, overrides: Sequence[str], rewards: Sequence = ()):
     from openmanus_rl_core.config.loading import check
     from openmanus_rl_core.models.loading import check_model
 
-    cfg, changes = composed(command, overrides)
+    cfg, changes = composed(command, overrides, log=lambda line: print(line, flush=True))
     typed = check(cfg, training=command in TRAINING_COMMANDS)
     if command in TRAINING_COMMANDS:
         changes = {**changes, **callable_changes(typed, rewards)}
@@ -319,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("config-doc", help="print every config key with type, default and meaning (Markdown)"
                    ).set_defaults(run=_config_doc)
     p = sub.add_parser("inspect", help="what a run trained on, per step, from its rollout dumps "
-                                       "(trainer.save_rollouts=true); writes <run>/rollouts/inspect.html")
+                                       "(trainer.save_rollouts=true; writes <run>/rollouts/inspect.html), and an "
+                                       "agent run's env_error episodes from <run>/agents")
     p.add_argument("run_dir", metavar="run", help="the run directory")
     p.add_argument("--steps", help="the steps whose samples the HTML page shows, K..M (default: the last one)")
     p.set_defaults(run=_inspect)

@@ -58,5 +58,18 @@ def openmanus_rl_step_end(step: int, metrics: dict[str, float]) -> None:
 
 
 @hookspec
+def openmanus_rl_policy_metrics(cfg: Any, policy: Any) -> dict[str, float] | None:
+    """Metrics of the policy itself, beyond its episodes' rewards (e.g. a game policy's exploitability).
+
+    Called at every validation during training (each value logged as ``val/<name>``) and by ``openmanus-rl eval``
+    (printed, and in its JSON), with the composed config (typed) and a
+    :class:`~openmanus_rl_core.models.scoring.PolicyScorer`: ``policy.tokenizer``, ``policy.template`` and
+    ``policy.score(prompts, continuations) -> list[float]``, the summed log-probability of each continuation's
+    token ids after its prompt's under the policy being validated. Return ``{name: value}``, or None when the run
+    is not one this plugin measures. ``score`` raises ``LookupError`` when the rollout engine holds no model in
+    the process (a served model)."""
+
+
+@hookspec
 def openmanus_rl_run_end(run_dir: str, metrics: dict[str, float]) -> None:
     """Called once after the last step with the final metrics, also when the run failed part way."""

@@ -155,6 +155,8 @@ READ_AS_A_WHOLE = {
     "memory": "registry.build('memory', cfg.memory); memory.window reaches the plugin through memory/<name>.yaml",
     "env.max_turns": "the default of rollout.max_turns (${env.max_turns})",
     "model.tiny": "models.load_model_and_tokenizer passes it to build_tiny_model",
+    "agent.reward_option": "config.loading.agent_options, when the config is composed",
+    "agent.template_option": "config.loading.agent_options, when the config is composed",
     "algorithm.kl_ctrl": "run.setup.setup passes it to make_kl_controller",
     "algorithm.norm_by_std": "the estimator's kwargs (Trainer.phase_advantages)",
     "algorithm.epsilon": "the estimator's kwargs", "algorithm.step_weight": "the estimator's kwargs",

@@ -43,6 +43,7 @@ __all__ = [
     "compute_gae",
     "compute_gigpo",
     "compute_grpo",
+    "compute_rae",
     "compute_reinforce_plus_plus",
     "compute_rloo",
     "discounted_returns",
@@ -143,6 +144,31 @@ def grpo_sequence_advantages(
     gid, G = group_index(group_ids, scores.shape[0], scores.device)
     v = _valid_rows(valid, scores.shape[0], scores.device)
     return _group_normalise(scores.to(_float_dtype(scores)), gid, G, epsilon, norm_by_std, v)
+
+
+def compute_rae(
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    roles: Any,
+    valid: Any = None,
+    episode_ids: Any = None,
+) -> torch.Tensor:
+    """Role-conditioned advantage estimation (RAE; SPIRAL, Liu et al. 2025): a baseline per role, a role being a
+    game and a seat, so that the seat a game favours does not read as a good policy.
+
+        s_i   = sum_t r_{i,t} * mask_{i,t}
+        b_r   = mean of s_j over the batch's valid samples j of role r
+        A_i   = s_i - b_{role(i)}
+        A_i,t = A_i * mask_{i,t}
+
+    SPIRAL keeps ``b_r`` as a moving average over steps; here it is the batch's mean (the average's decay 0), which
+    keeps the estimator stateless, so a resumed run computes what an uninterrupted one does. ``roles``: B hashable
+    labels (None counts as one role of its own); a role with fewer than two valid samples gets 0. ``valid`` and
+    ``episode_ids`` as in :func:`compute_grpo`. Shapes: ``token_rewards, response_mask: [B, T]``; returns ``[B, T]``.
+    """
+    labels = ["" if r is None else r for r in roles]
+    return compute_grpo(token_rewards, response_mask, labels, norm_by_std=False, valid=valid,
+                        episode_ids=episode_ids)
 
 
 @torch.no_grad()

@@ -50,8 +50,9 @@ def keep_groups(episodes: Sequence[Any], accept: Callable[[Sequence[Trajectory]]
 def dropped_group(episodes: Sequence[Any], reason: str) -> dict[str, Any]:
     """What a record of the groups a step left out keeps of one (run/dumps.py: the step's ``dropped`` file)."""
     task = episodes[0].trajectory.task
-    return {"task_id": task.get("task_id"), "source": task.get("source"), "group_id": str(episodes[0].group_id),
-            "samples": len(episodes), "reason": reason}
+    return {"task_id": task.get("task_id"), "task_row": task.get("task_row"), "seed": task.get("seed"),
+            "source": task.get("source"), "group_id": str(episodes[0].group_id), "samples": len(episodes),
+            "reason": reason}
 
 
 def fill_batch(play: Callable[[list[dict], int], list], next_rows: Callable[..., list[dict]], n: int,

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from ..batch import Batch
-from .advantages import compute_gae, compute_gigpo, compute_grpo, compute_reinforce_plus_plus, compute_rloo
+from .advantages import (compute_gae, compute_gigpo, compute_grpo, compute_rae, compute_reinforce_plus_plus,
+                         compute_rloo)
 
 __all__ = [
     "gae_estimator",
@@ -22,6 +23,7 @@ __all__ = [
     "grpo_estimator",
     "grpo_no_std_estimator",
     "opd_estimator",
+    "rae_estimator",
     "reinforce_plus_plus_estimator",
     "rloo_estimator",
     "self_imitation_estimator",
@@ -73,6 +75,17 @@ def grpo_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor
 def grpo_no_std_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Entry point ``grpo_no_std`` (Dr. GRPO: no std division). Same batch keys as ``grpo``; cfg: ``epsilon``."""
     return _grpo(batch, "grpo_no_std", False, cfg)
+
+
+def rae_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entry point ``rae`` (role-conditioned advantages). Batch: tensors ``token_level_rewards``, ``response_mask``;
+    non_tensors ``roles`` (the trajectory's ``info["role"]``: a game and a seat).
+
+    No cfg keys are used. Returns ``(advantages, advantages)``, ``[B, T]``."""
+    _need(batch, ("token_level_rewards", "response_mask", "roles"), "rae")
+    adv = compute_rae(batch["token_level_rewards"], batch["response_mask"], batch["roles"], valid=batch.get("valid"),
+                      episode_ids=batch.get("episode_ids"))
+    return adv, adv
 
 
 def rloo_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:

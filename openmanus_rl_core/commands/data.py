@@ -43,7 +43,7 @@ def verify(cfg: Any) -> int:
     tasks = load_tasks(files)
     name = cfg.env.name
     factory = registry("env").get(name)
-    service = open_env_service(name, factory, cfg.env.kwargs)
+    service = open_env_service(name, factory, cfg.env.kwargs, at_once=1)  # one row replayed at a time
     failures: list[str] = []
     try:
         for i, task in enumerate(tasks):

@@ -69,11 +69,15 @@ def score(cfg: Any, overrides: Sequence[str] = (), rewards: Sequence[Any] = ()) 
         val_files = c.data.val_files or ensure_task_files(c, scratch)[1]
         tasks = require_tasks(load_tasks(val_files), val_files, "eval runs the validation tasks; give a file with "
                               "tasks (data.val_files, or env.val_tasks > 0)")
-    if c.trainer.val_max_tasks:
-        tasks = tasks[: c.trainer.val_max_tasks]
+    if c.trainer.val_max_tasks:  # a mix's sources each get their share, as the run's validation gave them
+        from openmanus_rl_core.data.sources import first_tasks
+        from openmanus_rl_core.plugin.mix import is_mix, ratios
+
+        mix = is_mix(registry("env").get(c.env.name))
+        tasks = first_tasks(tasks, c.trainer.val_max_tasks, ratios(c.env.kwargs["sources"]) if mix else None)
     template = build("template", c.template)
     rcfg = dataclasses.replace(c.rollout, n=1, greedy=c.trainer.val_greedy, temperature=c.trainer.val_temperature)
-    service = open_env_service(c.env.name, registry("env").get(c.env.name), c.env.kwargs)
+    service = open_env_service(c.env.name, registry("env").get(c.env.name), c.env.kwargs, at_once=len(tasks))
     c.env.kwargs = service.kwargs
     loop = AgentLoop(engine, tokenizer, template, lambda: build("env", c.env), rcfg, memory=build("memory", c.memory))
     t0 = time.perf_counter()
@@ -93,12 +97,37 @@ def score(cfg: Any, overrides: Sequence[str] = (), rewards: Sequence[Any] = ()) 
         "seconds": time.perf_counter() - t0,
         **{k: v for k, v in rmetrics.items() if k.endswith("/mean")},
     }
+    policy_values = _policy_metrics(c, engine, tokenizer, template)
+    result.update(policy_values)
     where = (ckpt.val_source if ckpt is not None and ckpt.val_source else
              str(c.data.val_files) if c.data.val_files else f"generated (env.val_tasks={c.env.val_tasks}, seed={c.seed})")
     print(f"eval on {result['tasks']} {c.env.name} validation tasks from {where}: success rate "
           f"{result['success_rate']:.3f} (95% interval {result['success_ci_low']:.3f}-{result['success_ci_high']:.3f}), "
           f"mean reward {result['reward_mean']:.3f} ({result['seconds']:.1f}s)")
+    if policy_values:
+        print("policy: " + ", ".join(f"{k} {v:.4f}" for k, v in policy_values.items()))
     if c.trainer.eval_output:
         Path(c.trainer.eval_output).parent.mkdir(parents=True, exist_ok=True)
         Path(c.trainer.eval_output).write_text(json.dumps(result, indent=2))
     return result
+
+
+def _policy_metrics(c: Any, engine: Any, tokenizer: Any, template: Any) -> dict[str, float]:
+    """What the ``openmanus_rl_policy_metrics`` hooks measure of the policy, scored by the engine's model here."""
+    from openmanus_rl_core.models.scoring import PolicyScorer, continuation_logprobs
+    from openmanus_rl_core.plugin.manager import make_plugin_manager
+
+    pm = make_plugin_manager()
+    if not pm.hook.openmanus_rl_policy_metrics.get_hookimpls():
+        return {}
+
+    def score(prompts: list, continuations: list) -> list[float]:
+        model = getattr(engine, "model", None)
+        if not hasattr(model, "parameters"):  # vLLM or a served model: no module here to run
+            raise LookupError(f"the rollout engine {c.rollout.engine!r} holds no model here to score replies with")
+        return continuation_logprobs(model, prompts, continuations, tokenizer.pad_token_id)
+
+    out: dict[str, float] = {}
+    for result in pm.hook.openmanus_rl_policy_metrics(cfg=c, policy=PolicyScorer(tokenizer, template, score)):
+        out.update({k: float(v) for k, v in (result or {}).items()})
+    return out

@@ -2,7 +2,9 @@
 
 Prints one line per dumped step: its samples and tasks, success rate, mean reward, the groups left out (and why),
 the staleness of its samples (policy versions between the weights that generated a sample's oldest token and the
-ones it trained), and the most common last observation of its failed samples. Writes
+ones it trained), its env_error samples, and the most common last observation of its failed samples. A run with an
+agent (``agent.command`` / ``agent.function``) also gets its env_error episodes listed from ``<run>/agents/``
+(run/agents.py: which tasks, which errors, per step and per validation), with or without dumps. Writes
 ``<run>/rollouts/inspect.html``: the same table, then every sample of the chosen steps (``--steps K..M``, default the
 last one) as the rollout command's browser shows episodes: the prompt, each reply and the observation after it,
 decoded with the run's tokenizer, and the reward per component.
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.run.agents import FOLDER as AGENTS_FOLDER
+from openmanus_rl_core.run.agents import read_records
 
 
 def inspect_run(args: argparse.Namespace) -> int:
@@ -28,26 +32,55 @@ def inspect_run(args: argparse.Namespace) -> int:
     run = Path(args.run_dir)
     folder = run / FOLDER
     steps = dumped_steps(folder)
+    agents = read_records(run)
     if not steps:
-        raise ConfigError(f"{run}: no rollout dumps in {folder} (a run writes them with trainer.save_rollouts=true)")
+        if agents:  # an agent run without dumps: what its agents did is still on record
+            _print_env_errors(agents, run)
+            return 0
+        raise ConfigError(f"{run}: no rollout dumps in {folder} (a run writes them with trainer.save_rollouts=true) "
+                          f"and no agent records in {run / AGENTS_FOLDER}")
     chosen = _chosen(args.steps, steps)
     chat = ChatDelta(_tokenizer(run))
     rows, records = [], []
     print(f"{'step':>5} {'samples':>7} {'tasks':>5} {'success':>7} {'reward':>8} {'dropped':>12}  staleness  "
-          f"most common failure")
+          f"env_error  most common failure")
     for step in steps:
         batch = read_dump(dump_path(folder, step))
         row = _step_row(step, batch, folder, chat)
         rows.append(row)
         print(f"{step:>5} {row['samples']:>7} {row['tasks']:>5} {row['success']:>7.3f} {row['reward']:>8.3f} "
-              f"{row['dropped']:>12}  {row['staleness']:<9}  {row['failure']}")
+              f"{row['dropped']:>12}  {row['staleness']:<9}  {row['env_error']:>9}  {row['failure']}")
         if step in chosen:
             records += _records(step, batch, chat, len(records))
     summary = {f"step {r['step']}": f"{r['samples']} samples, {r['tasks']} tasks, success {r['success']:.3f}, reward "
-               f"{r['reward']:.3f}, dropped {r['dropped']}, staleness {r['staleness']}" for r in rows}
+               f"{r['reward']:.3f}, dropped {r['dropped']}, staleness {r['staleness']}, env_error {r['env_error']}"
+               for r in rows}
+    if agents:
+        _print_env_errors(agents, run)
     page = write_html(folder / "inspect.html", records, summary, title=f"openmanus-rl inspect: {run}")
     print(f"browser over steps {', '.join(map(str, sorted(chosen)))}: {page}")
     return 0
+
+
+ERROR_CHARS = 160  # how much of an error one line of the listing shows
+
+
+def _print_env_errors(agents: dict[tuple[str, int], list[dict[str, Any]]], run: Path) -> None:
+    """The agent run's env_error episodes, per step (and validation): how many, and each error with its tasks."""
+    failed = {key: [r for r in records if r.get("termination") == "env_error"] for key, records in agents.items()}
+    total = sum(map(len, failed.values()))
+    print(f"agents: {sum(map(len, agents.values()))} episodes on record in {run / AGENTS_FOLDER}, {total} env_error")
+    for (prefix, step), bad in failed.items():
+        if not bad:
+            continue
+        where = f"step {step}" + (f" ({prefix.replace('_', '/')})" if prefix else "")
+        print(f"  {where}: {len(bad)} of {len(agents[(prefix, step)])} env_error")
+        by_error: dict[str, list[str]] = {}
+        for r in bad:
+            by_error.setdefault(str(r.get("error") or "no error given"), []).append(str(r.get("task_id")))
+        for error, tasks in sorted(by_error.items(), key=lambda kv: -len(kv[1])):
+            shown = error if len(error) <= ERROR_CHARS else error[:ERROR_CHARS - 3] + "..."
+            print(f"    {len(tasks)}x {shown} (tasks {', '.join(tasks[:8])}{', ...' if len(tasks) > 8 else ''})")
 
 
 def _chosen(given: str | None, steps: list[int]) -> set[int]:
@@ -122,6 +155,7 @@ def _step_row(step: int, batch: Any, folder: Path, chat: Any) -> dict[str, Any]:
         if dropped_file.is_file() else Counter()
     top = failures.most_common(1)
     return {"step": step, "samples": len(batch), "tasks": len(set(nt["task_id"])),
+            "env_error": sum(t == "env_error" for t in nt["termination"]),
             "success": sum(map(bool, nt["success"])) / max(1, len(batch)),
             "reward": sum(nt["reward"]) / max(1, len(batch)),
             "dropped": " ".join(f"{r}:{c}" for r, c in sorted(reasons.items())) or "0",

@@ -68,6 +68,11 @@ def load_task_rows(cfg: Config) -> list[dict[str, Any]]:
     return [{"task_id": offset + i, "seed": cfg.seed + offset + i} for i in range(cfg.rollout.num_tasks)]
 
 
+def episodes_per_run(rcfg: Any) -> int:
+    """Episodes per agent-loop run (played at once): ``rollout.batch_size``, whole tasks (``rollout.n`` each)."""
+    return max(rcfg.n, rcfg.batch_size - rcfg.batch_size % rcfg.n)  # keep the samples of one task in one run
+
+
 def rollout(cfg: Any, overrides: Sequence[str] = ()) -> int:
     """Run ``openmanus-rl rollout`` with the composed config; returns the exit status (0; 1 when every episode
     ended as ``env_error``). ``overrides``: the command line, whose sections win over a checkpoint's run."""
@@ -95,7 +100,8 @@ def rollout(cfg: Any, overrides: Sequence[str] = ()) -> int:
         raise ConfigError(f"{key}={where}: cannot write the rollout there ({exc.strerror or exc})") from None
     # A served model's server, then the env's servers, are checked (or started) before the model is built.
     preflight(cfg.rollout.engine, cfg.rollout.engine_kwargs)
-    service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs)
+    at_once = min(len(load_task_rows(cfg)) * cfg.rollout.n, episodes_per_run(cfg.rollout))
+    service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs, at_once=at_once)
     cfg.env.kwargs = service.kwargs
     try:
         return _run(cfg, ckpt, out_dir)
@@ -145,7 +151,7 @@ def _run(cfg: Any, ckpt: Any, out_dir: Path) -> int:
     loop = AgentLoop(engine, tokenizer, template, env_factory, rcfg, memory=build("memory", cfg.memory))
 
     expanded = expand_tasks(tasks, rcfg.n)
-    per_run = max(rcfg.n, rcfg.batch_size - rcfg.batch_size % rcfg.n)  # keep the samples of one task in one run
+    per_run = episodes_per_run(rcfg)
     episodes = []
     t0 = time.perf_counter()
     with tqdm(total=len(expanded), desc="rollout", unit="episode", file=sys.stderr, dynamic_ncols=True) as bar:

@@ -27,6 +27,11 @@ class AgentConfig:
     reasoning_parser: Optional[str] = opt(None, "how the model writes its reasoning (think: <think>...</think>, "
                                                 "harmony: gpt-oss's analysis channel, none); null: found from the "
                                                 "chat template", choices=("think", "harmony", "none"))
+    reward_option: str = opt("agent", "the reward option (reward=...) an agent run takes when nothing chose one: "
+                                      "the reward the agent posts")
+    template_option: str = opt("message", "the template option (template=...) an agent run takes when nothing "
+                                          "chose one: every reply its framework writes a valid action, no format "
+                                          "penalty")
     constrained: bool = opt(True, "honour a request's tool_choice (required, a named function) and response_format "
                                   "/ text.format (json_object, json_schema) by grammar-constrained decoding")
     max_context_tokens: Optional[int] = opt(None, "the longest context an agent's request may fill (prompt and "

@@ -15,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.resources
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from openmanus_rl_core.config.plugin_kwargs import check_plugin_kwargs
+from openmanus_rl_core.config.plugin_kwargs import check_env_run, check_plugin_kwargs
 from openmanus_rl_core.plugin.manager import make_plugin_manager
 from openmanus_rl_core.config.fields import ConfigError
 from openmanus_rl_core.config.rules import RULES
@@ -44,8 +45,87 @@ def plugin_config_dirs(pm=None) -> list[str]:
     return urls
 
 
-def compose(overrides: Sequence[str] = (), config_name: str = "config", pm=None) -> DictConfig:
-    """Compose the config as ``openmanus-rl <command> key=value ...`` sees it."""
+# Keys whose whole mapping, given as ``key={...}``, replaces the one composed (Hydra would merge it in, keeping the
+# default entries): a mix's sources. ``+key.name={...}`` or ``key.name.field=...`` still add to or change one entry.
+WHOLE_MAPPINGS = ("env.kwargs.sources",)
+
+
+def whole_mappings(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with each ``key={...}`` of a :data:`WHOLE_MAPPINGS` key as Hydra's delete-then-add pair."""
+    out: list[str] = []
+    for o in overrides:
+        key, eq, value = (part.strip() for part in o.partition("="))
+        out += [f"~{key}", f"+{key}={value}"] if eq and key in WHOLE_MAPPINGS and value.startswith("{") else [o]
+    return out
+
+
+# Keys whose value is taken as written (:func:`literal_values`): a command line's own ``=``, ``,`` and quotes.
+LITERAL_KEYS = ("agent.command",)
+
+
+def literal_values(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with the value of each :data:`LITERAL_KEYS` key quoted for Hydra, so that it arrives as written
+    (``agent.command=python agent.py --mode=fast`` would otherwise be a grammar error, and ``a,b`` a sweep); a value
+    already in Hydra's quotes, or ``null``, is left to Hydra."""
+    out: list[str] = []
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        if eq and key.strip().lstrip("+") in LITERAL_KEYS and value.strip() != "null" and not _hydra_quoted(o):
+            # Hydra's quoted strings: a backslash is escaped only before a quote or at the end
+            escaped = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)
+            o = f"{key}='{escaped}'"
+        out.append(o)
+    return out
+
+
+def _hydra_quoted(override: str) -> bool:
+    """Whether the override's value is one string in Hydra's own quotes (``key='a=b'``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if override.partition("=")[2].lstrip()[:1] not in ("'", '"'):
+        return False
+    try:
+        return isinstance(OverridesParser.create().parse_override(override).value(), str)
+    except Exception:  # Hydra's grammar error: not one quoted string
+        return False
+
+
+def agent_options(cfg: DictConfig, overrides: Sequence[str], choices: Any, config_name: str = "config"
+                  ) -> dict[str, str]:
+    """The options an agent run takes (``agent.reward_option``, ``agent.template_option``: the reward the agent
+    posts, every reply its framework writes a valid action), for the groups that neither the command line names
+    (``reward=``, ``reward.*=``) nor an option file changed from the primary config's choice (``choices()``: Hydra's
+    choices of the composition; the primary config: ``<config_name>.yaml``'s defaults list). Empty when the run has
+    no agent."""
+    agent = cfg.agent
+    if not (agent.command or agent.function):
+        return {}
+    named = {o.lstrip("+~").partition("=")[0].split(".")[0] for o in overrides if "=" in o}
+    wanted = {"reward": agent.reward_option, "template": agent.template_option}
+    left = {g: option for g, option in wanted.items() if option and g not in named}
+    if not left:
+        return {}
+    import yaml
+
+    primary = {k: v for d in yaml.safe_load((core_config_dir() / f"{config_name}.yaml").read_text())["defaults"]
+               if isinstance(d, dict) for k, v in d.items()}
+    chosen = choices()
+    return {g: option for g, option in left.items() if chosen.get(g) == primary.get(g)}
+
+
+def agent_options_line(options: dict[str, str]) -> str:
+    """The one line that says what :func:`agent_options` chose."""
+    why = {"reward": "the reward the agent posts", "template": "every reply a valid action, no format penalty"}
+    chosen = ", ".join(f"{g}={o} ({why[g]})" for g, o in options.items())
+    return (f"agent run: {chosen}; give {' or '.join(f'{g}=...' for g in options)} to choose otherwise (e.g. the "
+            f"template your agent's replies are written in: the warm-up writes its demonstrations in it)")
+
+
+def compose(overrides: Sequence[str] = (), config_name: str = "config", pm=None,
+            log: Any = None) -> DictConfig:
+    """Compose the config as ``openmanus-rl <command> key=value ...`` sees it (a :data:`WHOLE_MAPPINGS` key given
+    a whole mapping is replaced by it; a :data:`LITERAL_KEYS` value taken as written; an agent run's reward and
+    template options where nothing chose otherwise, told to ``log`` in one line)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -58,9 +138,17 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config", pm=None)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(core_config_dir()), version_base="1.3", job_name="openmanus_rl"):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides) + extra)
-            if _needs_pretrained_recipe(cfg, overrides):
-                cfg = hydra_compose(config_name=config_name, overrides=[*overrides, "model=pretrained", *extra])
+            given = whole_mappings(literal_values(overrides))
+            cfg = hydra_compose(config_name=config_name, overrides=given + extra)
+            more = ["model=pretrained"] if _needs_pretrained_recipe(cfg, overrides) else []
+            agent = agent_options(cfg, overrides, lambda: hydra_compose(
+                config_name=config_name, overrides=given + extra, return_hydra_config=True).hydra.runtime.choices,
+                config_name)
+            more += [f"{group}={option}" for group, option in agent.items()]
+            if more:
+                cfg = hydra_compose(config_name=config_name, overrides=[*given, *more, *extra])
+            if agent and log is not None:
+                log(agent_options_line(agent))
             return cfg
     except Exception as exc:
         raise _explain(exc, overrides) from None
@@ -108,6 +196,8 @@ def check(cfg: DictConfig | Config, training: bool = True) -> Config:
         if problem:
             raise ConfigError(problem)
     _check_components(typed)
+    if training:
+        check_env_run(typed)  # the env's own rules across sections (plugin_kwargs.py)
     return typed
 
 

@@ -45,6 +45,27 @@ def check_plugin_kwargs(c: Any) -> None:
     check_tracker_kwargs(list(c.trainer.loggers or []), c.trainer.tracker_kwargs or {})
 
 
+def check_env_run(c: Any) -> None:
+    """A training run's env rules across sections, when the env's class (or factory) has ``check_run(kwargs, cfg)``:
+    e.g. an env whose episodes of one group play one game together needs the rollout to run them that way. Its
+    ``ValueError`` is the line (it starts with the key it names)."""
+    from openmanus_rl_core.config import ConfigError
+    from openmanus_rl_core.plugin.registry import registry
+
+    rule = getattr(registry("env").get(c.env.name), "check_run", None)
+    if not callable(rule):
+        return
+    kwargs = c.env.kwargs or {}
+    if hasattr(kwargs, "_get_node"):  # a DictConfig: plain values
+        from omegaconf import OmegaConf
+
+        kwargs = OmegaConf.to_container(kwargs, resolve=True)
+    try:
+        rule(dict(kwargs), c)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (env {c.env.name!r})") from None
+
+
 def check_tracker_kwargs(loggers: list[str], given: Mapping[str, Any]) -> None:
     """``trainer.tracker_kwargs``: each key a selected tracker, each tracker's settings against its ``Kwargs``."""
     from openmanus_rl_core.config import ConfigError

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 from openmanus_rl_core.data.sampler import TaskSampler
 from openmanus_rl_core.data.tasks import DataError
 
-__all__ = ["SourceSampler", "make_sampler"]
+__all__ = ["SourceSampler", "make_sampler", "first_tasks"]
 
 
 class SourceSampler:
@@ -96,3 +96,27 @@ def make_sampler(tasks: Sequence[dict], batch_size: int, seed: int, shuffle: boo
     if ratios:
         return SourceSampler(tasks, batch_size, ratios, seed=seed, shuffle=shuffle)
     return TaskSampler(tasks, batch_size, seed=seed, shuffle=shuffle)
+
+
+def first_tasks(tasks: Sequence[dict], limit: int, ratios: Mapping[str, float] | None = None) -> list[dict]:
+    """The first ``limit`` of ``tasks`` (``trainer.val_max_tasks`` of the validation tasks). With ``ratios`` (a mix's
+    sources), each source's first rows, ``limit`` spread over the sources by ratio (largest remainder, ties to the
+    source listed first; a source short of rows leaves its place to the others), so every source is validated;
+    the rows keep their order in ``tasks``."""
+    if not ratios:
+        return list(tasks[:limit])
+    rows: dict[str, list[int]] = {str(name): [] for name in ratios}
+    for i, task in enumerate(tasks):
+        rows.setdefault(str(task.get("source")), []).append(i)
+    weight = sum(float(r) for r in ratios.values())
+    exact = {str(n): limit * float(r) / weight for n, r in ratios.items()}
+    take = {n: int(x) for n, x in exact.items()}
+    for n in sorted(exact, key=lambda n: -(exact[n] - take[n]))[: max(0, limit - sum(take.values()))]:
+        take[n] += 1
+    take = {n: min(k, len(rows[n])) for n, k in take.items()}
+    while sum(take.values()) < min(limit, sum(len(rows[n]) for n in take)):  # shares a short source left
+        for n in take:
+            if take[n] < len(rows[n]) and sum(take.values()) < limit:
+                take[n] += 1
+    keep = sorted(i for n, k in take.items() for i in rows[n][:k])
+    return [tasks[i] for i in keep]

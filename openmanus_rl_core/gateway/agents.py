@@ -7,11 +7,11 @@
   process's environment plus ``OPENAI_BASE_URL`` (the gateway, ending in ``/v1``), ``OPENAI_API_KEY`` (the
   episode's key), ``OMRL_MODEL`` (the policy's name) and ``OMRL_TASK`` (the task row as JSON), the same for the
   Anthropic SDK (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``) and the OpenAI Agents SDK (``OPENAI_DEFAULT_MODEL``;
-  ``OPENAI_AGENTS_DISABLE_TRACING=1`` unless set): :func:`agent_env`. Its stdout is
-  dropped; the last :data:`STDERR_TAIL_CHARS` characters of its stderr are kept for the log. Each agent runs in its
-  own process group under :mod:`openmanus_rl_core.process.guard`, so a timeout or an abandon kills the agent and every
-  process it started (SIGTERM, then SIGKILL after :data:`KILL_GRACE_S`), and a launcher killed with SIGKILL takes
-  its agents with it. A non-zero exit is the error ``exited N: <stderr tail>``.
+  ``OPENAI_AGENTS_DISABLE_TRACING=1`` unless set): :func:`agent_env`. The last :data:`STDERR_TAIL_CHARS`
+  characters of its stderr and of its stdout are kept (whole lines): the outcome carries both, the log the stderr.
+  Each agent runs in its own process group under :mod:`openmanus_rl_core.process.guard`, so a timeout or an
+  abandon kills the agent and every process it started (SIGTERM, then SIGKILL after :data:`KILL_GRACE_S`), and a
+  launcher killed with SIGKILL takes its agents with it. A non-zero exit is the error ``exited N: <stderr tail>``.
 - ``agent.function``: ``pkg.mod:fn``, an ``async def fn(client, task)`` returning the episode's reward (a real
   number) or None; ``client`` is an ``openai.AsyncOpenAI`` on the gateway with the episode's key. A function that
   declares a ``model`` parameter is also given the policy's name as ``model=``. A raised exception is the error
@@ -49,7 +49,7 @@ from openmanus_rl_core.process.guard import group_members, guarded
 
 KILL_GRACE_S = 2.0  # seconds between SIGTERM to an agent's process group and SIGKILL
 GONE_WAIT_S = 5.0  # how long a SIGKILLed group may take to go (the signal is delivered asynchronously)
-STDERR_TAIL_CHARS = 2000
+STDERR_TAIL_CHARS = 2000  # how much of a command agent's stderr (and of its stdout) is kept
 ABANDON_POLL_S = 0.2
 _GUARD_POLL_S = 0.5  # how soon an agent notices that the process running run_agents was killed
 _EXIT_POLL_S = 0.02  # how often a running agent's exit status is looked at
@@ -69,20 +69,36 @@ class AgentJob:
 class AgentOutcome:
     """How one agent ended. ``reward``: the function's return value (None when it returned None, for a command, or
     on an error); ``error``: None when the agent ended normally, else one line (``timed out after 30s (killed)``,
-    ``exited 3: <stderr tail>``, ``raised ValueError: ...``, ``abandoned``); ``seconds``: its running time."""
+    ``exited 3: <stderr tail>``, ``raised ValueError: ...``, ``abandoned``); ``seconds``: its running time; for a
+    command, ``exit`` its exit status (128 + N: ended by signal N; None: it never started) and ``stdout`` /
+    ``stderr`` the tails of its output (a function has neither)."""
 
     key: str
     reward: float | None
     error: str | None
     seconds: float
+    exit: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+
+@dataclass
+class _Ended:
+    """What a command runner reports of an agent that ended with status 0 (a function runner reports its reward)."""
+
+    exit: int
+    stdout: str
+    stderr: str
 
 
 class _AgentFailed(Exception):
-    """An agent that ended badly: ``error`` is its outcome's error, ``detail`` what the log line adds."""
+    """An agent that ended badly: ``error`` is its outcome's error, ``detail`` what the log line adds; a command's
+    exit status and output tails when it ran."""
 
-    def __init__(self, error: str, detail: str = ""):
+    def __init__(self, error: str, detail: str = "", exit: int | None = None, stdout: str = "", stderr: str = ""):
         super().__init__(error)
         self.error, self.detail = error, detail
+        self.exit, self.stdout, self.stderr = exit, stdout, stderr
 
 
 def _one_line(text: str) -> str:
@@ -229,16 +245,18 @@ async def run_job(job: AgentJob, run_one: Callable[[AgentJob], Awaitable[float |
             start = time.monotonic()  # the agent's own time, not its wait for a slot
             running(job.key, True)
             try:
-                reward = await run_one(job)
+                ended = await run_one(job)
             finally:
                 running(job.key, False)
-        return AgentOutcome(job.key, reward, None, time.monotonic() - start)
+        if isinstance(ended, _Ended):
+            return AgentOutcome(job.key, None, None, time.monotonic() - start, ended.exit, ended.stdout, ended.stderr)
+        return AgentOutcome(job.key, ended, None, time.monotonic() - start)
     except asyncio.CancelledError:
         return AgentOutcome(job.key, None, "abandoned", time.monotonic() - start)
     except _AgentFailed as exc:
         task_id = job.task.get("task_id", "?") if isinstance(job.task, dict) else "?"
         log(f"agent for task {task_id}: {exc.error}" + (f"; {exc.detail}" if exc.detail else ""))
-        return AgentOutcome(job.key, None, exc.error, time.monotonic() - start)
+        return AgentOutcome(job.key, None, exc.error, time.monotonic() - start, exc.exit, exc.stdout, exc.stderr)
 
 
 def agent_env(base_url: str, key: str, model: str, task: dict) -> dict[str, str]:
@@ -258,19 +276,24 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def _command_runner(argv: list[str], timeout_s: float, base_url: str, model: str, groups: set[int],
-                    log: Callable[[str], None]) -> Callable[[AgentJob], Awaitable[None]]:
-    async def run(job: AgentJob) -> None:
+                    log: Callable[[str], None]) -> Callable[[AgentJob], Awaitable[_Ended]]:
+    async def run(job: AgentJob) -> _Ended:
         env = agent_env(base_url, job.key, model, job.task)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *guarded(argv, poll=_GUARD_POLL_S, grace=KILL_GRACE_S), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
                 start_new_session=True)  # its own process group: a stop reaches whatever the agent started
         except OSError as exc:
             raise _AgentFailed(f"cannot start {argv[0]!r}: {exc}") from None
         groups.add(proc.pid)
-        tail = bytearray()
-        reader = asyncio.ensure_future(_keep_tail(proc.stderr, tail))
+        tail, out_tail = bytearray(), bytearray()
+        readers = [asyncio.ensure_future(_keep_tail(proc.stderr, tail)),
+                   asyncio.ensure_future(_keep_tail(proc.stdout, out_tail))]  # read on: a full pipe would block it
+
+        def tails() -> dict[str, str]:
+            return {"stdout": out_tail.decode(errors="replace"), "stderr": tail.decode(errors="replace")}
+
         try:
             try:
                 rc = await asyncio.wait_for(_exit_code(proc), timeout_s)
@@ -278,7 +301,8 @@ def _command_runner(argv: list[str], timeout_s: float, base_url: str, model: str
                 await _stop(proc)
                 stderr = _one_line(tail.decode(errors="replace"))
                 raise _AgentFailed(f"timed out after {timeout_s:g}s (killed)",
-                                   f"stderr tail: {stderr}" if stderr else "") from None
+                                   f"stderr tail: {stderr}" if stderr else "", exit=proc.returncode,
+                                   **tails()) from None
             except asyncio.CancelledError:
                 await _stop(proc)
                 raise
@@ -286,11 +310,13 @@ def _command_runner(argv: list[str], timeout_s: float, base_url: str, model: str
             _signal_group(proc.pid, signal.SIGKILL)  # what the agent left running when it ended
             await _group_gone(proc.pid, log)
             groups.discard(proc.pid)
-            await asyncio.wait([reader], timeout=1.0)  # a process outside the group may still hold its stderr
-            reader.cancel()
+            await asyncio.wait(readers, timeout=1.0)  # a process outside the group may still hold its pipes
+            for reader in readers:
+                reader.cancel()
         if rc != 0:
-            raise _AgentFailed(f"exited {rc}: {_one_line(tail.decode(errors='replace')) or '(no stderr)'}")
-        return None
+            raise _AgentFailed(f"exited {rc}: {_one_line(tail.decode(errors='replace')) or '(no stderr)'}", exit=rc,
+                               **tails())
+        return _Ended(rc, **tails())
 
     return run
 

@@ -159,11 +159,13 @@ def continuous(calls: list[Call]) -> bool:
 
 def episode_from_record(record: EpisodeRecord, template: Any = None, error: str | None = None) -> Episode:
     """The training episode of one agent run (see the module doc). ``error``: the agent failed (timed out,
-    crashed, made no call): an ``env_error`` episode, which leaves the loss."""
+    crashed): an ``env_error`` episode, which leaves the loss; so is an agent that made no call (its error says
+    whether it posted a reward)."""
     task = record.task
     calls = record.calls
-    if not calls and error is None:
-        error = "the agent made no call to the gateway"
+    if not calls and error is None:  # nothing the policy produced: nothing to train, whatever was posted
+        error = ("the agent made no call to the gateway" if record.reward is None else
+                 f"the agent posted a reward ({record.reward:g}) but made no call to the gateway")
     trajectory = Trajectory(task_id=task.get("task_id"), seed=task.get("seed"), group_id=task.get("group_id"),
                             initial_observation="", task=dict(task))
     parts = segments(calls)

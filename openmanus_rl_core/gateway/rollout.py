@@ -7,6 +7,9 @@ task), and turns each run's recorded calls into an episode (:mod:`~openmanus_rl_
 trainer takes those episodes as it takes the loop's: GRPO groups, every estimator, validation (greedy, as the
 loop's). An agent that hangs past ``agent.timeout_s`` or crashes ends its episode as ``env_error``: it leaves the
 loss, is counted in ``rollout/termination/env_error``, and the step goes on.
+
+Each episode carries how its agent went in ``trajectory.info["agent"]`` (:func:`agent_outcome`); the trainer writes
+those to the run folder (run/agents.py).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from openmanus_rl_core.gateway.agents import AgentJob, job_runner, run_agents, run_job, stop_groups
+from openmanus_rl_core.gateway.agents import AgentJob, AgentOutcome, job_runner, run_agents, run_job, stop_groups
 from openmanus_rl_core.gateway.episodes import episode_from_record
+from openmanus_rl_core.gateway.records import EpisodeRecord
 from openmanus_rl_core.gateway.server import Gateway, model_positions
 from openmanus_rl_core.gateway.tools import ChatRenderer
 from openmanus_rl_core.process.stopping import Abandoned
@@ -56,12 +60,7 @@ class AgentRollout:
             records = [self.gateway.close_episode(job.key) for job in jobs]
         if self.abandon():
             raise Abandoned("the agents' rollout was given up")
-        episodes = []
-        for record, outcome in zip(records, outcomes):
-            if outcome.reward is not None:  # a function agent's return value is its posted reward
-                record.reward = float(outcome.reward)
-            episodes.append(episode_from_record(record, self.template, error=outcome.error))
-        return episodes
+        return [agent_episode(record, outcome, self.template) for record, outcome in zip(records, outcomes)]
 
     def close(self) -> None:
         self.gateway.close()
@@ -114,11 +113,7 @@ class AgentStream:
                 break
         for job, fut in ended:
             self.live -= 1
-            outcome = fut.result()
-            record = self.gateway.close_episode(job.key)
-            if outcome.reward is not None:
-                record.reward = float(outcome.reward)
-            out.append(episode_from_record(record, self.agents.template, error=outcome.error))
+            out.append(agent_episode(self.gateway.close_episode(job.key), fut.result(), self.agents.template))
         return out
 
     def close(self) -> None:
@@ -127,3 +122,20 @@ class AgentStream:
             self.loop.call_soon_threadsafe(task.cancel)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+
+
+def agent_episode(record: EpisodeRecord, outcome: AgentOutcome, template: Any) -> Any:
+    """The training episode of one agent run, with :func:`agent_outcome` in its ``trajectory.info["agent"]``."""
+    if outcome.reward is not None:  # a function agent's return value is its posted reward
+        record.reward = float(outcome.reward)
+    episode = episode_from_record(record, template, error=outcome.error)
+    episode.trajectory.info["agent"] = agent_outcome(record, outcome)
+    return episode
+
+
+def agent_outcome(record: EpisodeRecord, outcome: AgentOutcome) -> dict[str, Any]:
+    """How one agent went, as the run folder keeps it (run/agents.py): ``exit`` (a command's status, None for a
+    function or an agent that never started), ``error`` (None: it ended normally), ``seconds``, ``calls`` (to the
+    gateway), ``reward`` (posted or returned; None: none), ``stderr`` and ``stdout`` (a command's tails)."""
+    return {"exit": outcome.exit, "error": outcome.error, "seconds": round(float(outcome.seconds), 3),
+            "calls": len(record.calls), "reward": record.reward, "stderr": outcome.stderr, "stdout": outcome.stdout}

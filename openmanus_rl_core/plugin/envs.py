@@ -7,6 +7,12 @@ answer (or starts them, and is then their only owner: the one process that resta
 keyword arguments every env is then built with, in this process and in every worker. Those arguments reach the
 servers by URL; they never start one. Envs without ``serve`` run in-process and keep their kwargs unchanged.
 
+A ``serve`` that declares an ``at_once`` parameter is also told the most episodes the command plays at once (one
+env each), to size its servers: for ``train`` the larger of a step's and a validation's
+(:func:`openmanus_rl_core.run.setup.train_at_once`),
+for ``rollout`` its tasks times ``rollout.n`` (at most ``rollout.batch_size``), for ``eval`` its tasks, for
+``data verify`` 1.
+
 :class:`EnvUnavailableError` is the one error for "this env cannot be used at all" (its server is down, or every
 episode of several steps failed on it); the command line prints its message on one line and exits with status 1.
 """
@@ -41,13 +47,17 @@ class EnvService:
         self.stop()
 
 
-def open_env_service(name: str, factory: Any, kwargs: Mapping[str, Any]) -> EnvService:
+def open_env_service(name: str, factory: Any, kwargs: Mapping[str, Any], at_once: int | None = None) -> EnvService:
     """``factory.serve(**kwargs)`` when the env has one (it raises :class:`EnvUnavailableError` when the env's
-    servers cannot be reached or started), else the kwargs unchanged. ``name`` labels messages."""
+    servers cannot be reached or started), else the kwargs unchanged. ``name`` labels messages; ``at_once``: the
+    most episodes the command plays at once, given to a ``serve`` that declares an ``at_once`` parameter."""
+    import inspect
+
     serve = getattr(factory, "serve", None)
     if not callable(serve):
         return EnvService(dict(kwargs))
-    service = serve(**dict(kwargs))
+    told = at_once is not None and "at_once" in inspect.signature(serve).parameters
+    service = serve(**dict(kwargs), **({"at_once": int(at_once)} if told else {}))
     if not isinstance(service, EnvService):
         raise TypeError(f"env {name!r}: serve() returned {type(service).__name__}, not an EnvService")
     return service

@@ -26,6 +26,11 @@ given) replacing the option's. The source's name labels its task rows (column ``
 - **Episodes.** One env per episode, the task's source's (:meth:`MixEnv.start_task`), built only when an episode
   starts; the prompt shows that env's ``instruction``; an episode ends at its source's ``max_turns`` (``env.max_turns``
   of the mix is the longest any source may run, and bounds them all).
+- **Oracles.** A source whose env has no ``oracle_action`` (TextArena's Blackjack-v0) gives no oracle episodes:
+  its tasks are left out of the tokenizer corpus's played episodes and of the warm-up (one notice, listing
+  :attr:`MixEnv.without_oracle`); the mix has an ``oracle_action`` while the task in play is a source's that has
+  one (before any task: while any source has one), so ``hasattr(env, "oracle_action")`` means what it means for a
+  single env.
 - **Servers.** A source whose env has servers (``serve``) has them checked or started once, by the driver
   (:meth:`MixEnv.serve`), and stopped with the run.
 - **Rewards.** A source with a ``reward`` (a reward option, ``reward/<option>.yaml``, as ``reward=<option>`` would
@@ -142,6 +147,30 @@ def source_rewards(cfg: Any) -> dict[str, dict]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _oracle_of(key: str) -> bool:
+    from openmanus_rl_core.plugin.registry import build
+
+    import json
+
+    env = build("env", json.loads(key))
+    try:
+        return hasattr(env, "oracle_action")
+    finally:
+        env.close()
+
+
+def _has_oracle(spec: Mapping[str, Any], factory: Any) -> bool:
+    """Whether a source's env has an oracle: its plugin has none, or one env of it is asked (an env may offer
+    ``oracle_action`` for some settings only: TextArena's for the games it can solve); once per process."""
+    import json
+
+    if not hasattr(factory, "oracle_action"):
+        return False
+    return _oracle_of(json.dumps({"name": spec["name"], "kwargs": spec.get("kwargs") or {}}, sort_keys=True,
+                                 default=str))
+
+
 def is_mix(factory: Any) -> bool:
     """Whether an env plugin (a class, or a function that builds an env) is ``env=mix``."""
     return isinstance(factory, type) and issubclass(factory, MixEnv)
@@ -180,8 +209,23 @@ class MixEnv:
         self._env: Any = None
         self._source: str | None = None
         self._turns = 0
-        if all(hasattr(f, "oracle_action") for f in self._factories.values()):
-            self.oracle_action = self._oracle_action  # the warm-up's oracle, where every source has one
+
+    @property
+    def without_oracle(self) -> list[str]:
+        """The sources whose env has no oracle, in listed order."""
+        return [name for name, spec in self.sources.items() if not _has_oracle(spec, self._factories[name])]
+
+    @property
+    def oracle_action(self) -> Any:
+        """The oracle of the task in play's source; before a task, present while any source has one (an
+        ``AttributeError`` otherwise, so ``hasattr`` tells, as for a single env)."""
+        if self._env is None:
+            if len(self.without_oracle) == len(self.sources):
+                raise AttributeError("no source of this mix has an oracle")
+            return self._oracle_action
+        if not hasattr(self._env, "oracle_action"):
+            raise AttributeError(f"source {self._source!r} of this mix has no oracle")
+        return self._oracle_action
 
     @property
     def instruction(self) -> str:
@@ -235,9 +279,10 @@ class MixEnv:
 
     # ------------------------------------------------------------------------------------- the driver's side
     @classmethod
-    def serve(cls, sources: Mapping[str, Any]) -> Any:
-        """Resolve the sources once and open each one's env service (servers checked or started); the kwargs every
-        mix env is then built with hold the resolved sources, each with its service's kwargs."""
+    def serve(cls, sources: Mapping[str, Any], at_once: int | None = None) -> Any:
+        """Resolve the sources once and open each one's env service (servers checked or started, each for up to
+        ``at_once`` episodes: a step or a validation may hold one source's alone); the kwargs every mix env is
+        then built with hold the resolved sources, each with its service's kwargs."""
         from openmanus_rl_core.plugin.envs import EnvService, open_env_service
         from openmanus_rl_core.plugin.registry import registry
 
@@ -246,7 +291,7 @@ class MixEnv:
         try:
             for name, spec in resolved.items():
                 service = open_env_service(f"{name} ({spec['name']})", registry("env").get(spec["name"]),
-                                           spec["kwargs"])
+                                           spec["kwargs"], at_once=at_once)
                 services.append(service)
                 spec["kwargs"] = service.kwargs
         except BaseException:

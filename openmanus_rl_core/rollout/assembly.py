@@ -125,6 +125,8 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
         "task_id": [episodes[i].trajectory.task_id for i in of],
         "data_source": [episodes[i].trajectory.task.get("data_source") for i in of],
         "source": [episodes[i].trajectory.task.get("source") for i in of],
+        "task_row": [episodes[i].trajectory.task.get("task_row") for i in of],  # which task row: the dumps name it
+        "seed": [episodes[i].trajectory.task.get("seed") for i in of],
         "roles": [episodes[i].trajectory.info.get("role") for i in of],
         "invalid": [_invalid(episodes[i].trajectory, turns_of[uid]) for i, _, _, uid in rows],
         "reward": [totals[i] for i in of],

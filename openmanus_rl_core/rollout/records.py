@@ -57,6 +57,7 @@ def episode_record(episode: Any, breakdown: Any | None = None, index: int = 0, t
     rec = {
         "index": index,
         "task_id": t.task_id,
+        "task_row": (t.task or {}).get("task_row"),  # the task row's index in the run's task files (training)
         "seed": t.seed,
         "group_id": t.group_id,
         "uid": episode.uid,

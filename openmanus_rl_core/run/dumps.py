@@ -3,7 +3,10 @@
 ``<run_dir>/rollouts/step_000012.parquet`` holds step 12's batch, one row per training sample (an episode, or one
 turn of it with a per-turn memory). Columns:
 
-- who: ``step``, ``row``, ``task_id``, ``data_source``, ``source`` (a mix's source), ``group_id``, ``episode_id``,
+- who: ``step``, ``row``, ``task_id``, ``task_row`` (the task row's index in the run's training task files, in
+  order: ``data.train_files``, or the generated ``<run>/data/train.parquet``), ``seed`` (the task row's),
+  ``data_source``, ``source`` (a mix's source), ``role`` (the trajectory's
+  ``info["role"]``: a game's seat), ``group_id``, ``episode_id``,
   ``uid`` (the sample), ``sample`` (its index within its group), ``turn`` (-1: the whole episode);
 - the tokens and every tensor the update read, each row as wide as the batch: ``input_ids``, ``attention_mask``,
   ``position_ids``, ``responses``, ``response_mask``, ``rollout_log_probs`` (the behaviour policy's, from the
@@ -86,8 +89,11 @@ def _columns(batch: Any, step: int) -> dict[str, Any]:
     turn = [int(u.rsplit(":", 1)[1]) if "episode_ids" in nt else -1 for u in nt["uid"]]
     cols: dict[str, Any] = {
         "step": [int(step)] * B, "row": list(range(B)), "task_id": list(nt["task_id"]),
+        "task_row": [None if v is None else int(v) for v in nt.get("task_row", [None] * B)],
+        "seed": [None if v is None else int(v) for v in nt.get("seed", [None] * B)],
         "data_source": [None if v is None else str(v) for v in nt.get("data_source", [None] * B)],
         "source": [None if v is None else str(v) for v in nt.get("source", [None] * B)],
+        "role": [None if v is None else str(v) for v in nt.get("roles", [None] * B)],
         "group_id": [str(g) for g in nt["group_ids"]], "episode_id": [str(e) for e in episodes],
         "uid": [str(u) for u in nt["uid"]], "sample": sample, "turn": turn,
         "reward": [float(r) for r in nt["reward"]],
@@ -159,8 +165,9 @@ def read_dump(path: str | os.PathLike, fingerprint: str | None = None) -> Any:
         values = (column.flatten() if width else column).to_numpy(zero_copy_only=False)
         tensors[name] = torch.from_numpy(np.ascontiguousarray(values.reshape(table.num_rows, -1) if width
                                                               else values).astype(TENSORS[name]))
-    keep = ("task_id", "data_source", "source", "group_id", "episode_id", "uid", "reward", "termination", "success")
-    non_tensors = {name: table.column(name).to_pylist() for name in keep}
+    keep = ("task_id", "task_row", "seed", "data_source", "source", "group_id", "episode_id", "uid", "reward",
+            "termination", "success")
+    non_tensors = {name: table.column(name).to_pylist() for name in keep if name in table.column_names}
     non_tensors["reward_parts"] = [json.loads(p) for p in table.column("reward_parts").to_pylist()]
     return Batch(tensors=tensors, non_tensors=non_tensors, meta={"step": int(meta["step"])})
 
@@ -183,7 +190,8 @@ class RolloutDumps:
 
     def write(self, step: int, batch: Any, dropped: Sequence[Mapping[str, Any]] = ()) -> None:
         """Step ``step``'s batch, and the groups it played and left out (``dropped_000012.jsonl``, one JSON object
-        per group: task_id, source, group_id, samples, reason -- no_spread, surplus or stale -- none: no file)."""
+        per group: task_id, task_row, seed, source, group_id, samples, reason -- no_spread, surplus or stale --
+        none: no file)."""
         path, sha = write_dump(self.folder, step, batch, self.fingerprint)
         self.written[path.name] = sha
         left_out = self.folder / f"dropped_{int(step):06d}.jsonl"

@@ -72,6 +72,8 @@ class ProgressBar:
             parts["val_reward"] = f"{self._val['val/reward_mean']:.3f}"
         if "val/success_rate" in self._val:
             parts["val_success"] = f"{self._val['val/success_rate']:.3f}"
+        if _env_errors(metrics, "rollout"):
+            parts["env_error"] = _env_errors(metrics, "rollout")
         if metrics.get("stream/first_batch"):
             parts["note"] = FIRST_STREAM_STEP
         self.bar.set_postfix(parts, refresh=False)
@@ -83,15 +85,20 @@ class ProgressBar:
                 print(line, file=out, flush=True)
 
     def step_line(self, step: int, metrics: Mapping[str, Any]) -> str:
-        """``step 3/60: reward 0.512, success 0.500, val reward 0.625 success 0.625, 1.42s`` (val only when this
-        step validated; ``, first stream step: fastest groups`` appended when ``stream/first_batch`` is set)."""
+        """``step 3/60: reward 0.512, success 0.500, env_error 2/16, val reward 0.625 success 0.625, 1.42s`` (env_error
+        only when some episodes ended so, of the step's and of its validation's; val only when this step validated;
+        ``, first stream step: fastest groups`` appended when ``stream/first_batch`` is set)."""
         def num(key: str) -> str:
             v = metrics.get(key)
             return "n/a" if v is None else f"{float(v):.3f}"
 
         line = f"step {int(step)}/{self.total}: reward {num(self.reward_key)}, success {num(self.success_key)}"
+        if _env_errors(metrics, "rollout"):
+            line += f", env_error {_env_errors(metrics, 'rollout')}"
         if metrics.get("val/reward_mean") is not None:
             line += f", val reward {num('val/reward_mean')} success {num('val/success_rate')}"
+            if _env_errors(metrics, "val"):
+                line += f" env_error {_env_errors(metrics, 'val')}"
         if metrics.get("timing/step") is not None:
             line += f", {float(metrics['timing/step']):.2f}s"
         if metrics.get("stream/first_batch"):
@@ -113,6 +120,17 @@ class ProgressBar:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _env_errors(metrics: Mapping[str, Any], prefix: str) -> str:
+    """``"2/16"``: the episodes that ended as env_error (``<prefix>/termination/env_error``) of all of them (the
+    training step's ``rollout/episodes``; a validation's sum of its terminations); "" when there are none."""
+    errors = metrics.get(f"{prefix}/termination/env_error")
+    if not errors:
+        return ""
+    total = metrics.get(f"{prefix}/episodes") if prefix == "rollout" else sum(
+        float(v) for k, v in metrics.items() if k.startswith(f"{prefix}/termination/"))
+    return f"{int(errors)}/{int(total)}" if total else f"{int(errors)}"
 
 
 class ConsoleLog:

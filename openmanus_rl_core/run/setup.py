@@ -41,13 +41,36 @@ def quiet_transformers() -> None:
         pass
 
 
+def train_at_once(cfg: Any) -> int:
+    """The most episodes ``train`` plays at once (``cfg``: the typed config): a step's, ``data.train_batch_size`` x
+    ``rollout.n`` (with the group stream, ``rollout.max_staleness`` + 1 batches of them may run together), or a
+    validation's, every validation task once (``trainer.val_max_tasks`` of them at most), whichever is larger."""
+    step = cfg.data.train_batch_size * cfg.rollout.n * (int(cfg.rollout.max_staleness or 0) + 1)
+    tc = cfg.trainer
+    if not (tc.val_freq or tc.val_before_train or tc.val_at_end or (cfg.warmup.enabled and cfg.warmup.validate)):
+        return step
+    if cfg.data.val_files:
+        from openmanus_rl_core.data.tasks import load_tasks
+
+        val = len(load_tasks(cfg.data.val_files))
+    else:  # generated: env.val_tasks, or for a mix each source's
+        from openmanus_rl_core.plugin.mix import is_mix, resolve_sources
+        from openmanus_rl_core.plugin.registry import registry
+
+        val = (sum(int(s.get("val_tasks") or 0) for s in resolve_sources(cfg.env.kwargs["sources"]).values())
+               if is_mix(registry("env").get(cfg.env.name)) else int(cfg.env.val_tasks or 0))
+    if tc.val_max_tasks:
+        val = min(val, int(tc.val_max_tasks))
+    return max(step, val)
+
+
 def setup(trainer: Any) -> None:
     """Build ``trainer``'s run from its config (the attributes the fit loop reads)."""
     import torch
 
     from openmanus_rl_core.algorithms import make_kl_controller
     from openmanus_rl_core.data.tasks import load_tasks, require_tasks
-    from openmanus_rl_core.plugin.envs import EnvErrorWatch, open_env_service, train_at_once
+    from openmanus_rl_core.plugin.envs import EnvErrorWatch, open_env_service
     from openmanus_rl_core.run.metrics import make_run_dir
     from openmanus_rl_core.run.model_folder import prepare_model_dir
     from openmanus_rl_core.models.loading import check_model, recipe_line

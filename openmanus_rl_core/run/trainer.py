@@ -41,6 +41,7 @@ from openmanus_rl_core.run.metrics import mean
 from openmanus_rl_core.rewards.failures import check_reward_failures
 from openmanus_rl_core.config.schema import Config
 from openmanus_rl_core.process.stopping import Abandoned, StopOnSignal
+from openmanus_rl_core.run.agents import record_agents
 from openmanus_rl_core.run.progress import ConsoleLog
 from openmanus_rl_core.run.setup import quiet_transformers, setup
 from openmanus_rl_core.run.state import restart_workers, restore, save
@@ -150,6 +151,7 @@ class Trainer:
                 with self.stop.keeping(self.sampler):  # abandoned: its tasks are drawn again on resume
                     episodes = self._batch_rollout(step, metrics)
         trajectories = [e.trajectory for e in episodes]
+        record_agents(self.run_dir, step, episodes, self.log)  # an agent run's outcomes in <run>/agents (run/agents.py)
         self.env_errors.update(step, [t.termination for t in trajectories], [t.error for t in trajectories])
         self.pm.hook.openmanus_rl_process_trajectories(trajectories=trajectories, step=step)
         return episodes

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from openmanus_rl_core.run.metrics import mean, success_interval
+from openmanus_rl_core.run.agents import record_agents
 from openmanus_rl_core.process.alive import Alive
 from openmanus_rl_core.protocols import TERMINATIONS
 
@@ -25,6 +26,7 @@ def validate(trainer: Any, step: int, prefix: str = "val") -> dict[str, float]:
     with Alive(trainer.log, what, note=f"{len(tasks)} tasks"):  # the actor ranks play them: lines while waiting
         episodes = trainer._rollout(tasks, overrides, keep_rng=True)
     trajs = [e.trajectory for e in episodes]
+    record_agents(trainer.run_dir, step, episodes, trainer.log, prefix)  # an agent run's outcomes (run/agents.py)
     breakdowns, rmetrics = trainer.composer.compose_batch(trajs)
     out = {
         f"{prefix}/reward_mean": mean([b.total for b in breakdowns]),
@@ -40,6 +42,7 @@ def validate(trainer: Any, step: int, prefix: str = "val") -> dict[str, float]:
     for name in TERMINATIONS:
         if f"rollout/termination/{name}" in ro:
             out[f"{prefix}/termination/{name}"] = ro[f"rollout/termination/{name}"]
+    out.update(policy_metrics(trainer, prefix))  # plugins' measures of the policy itself (hook)
     out[f"timing/{prefix}"] = time.perf_counter() - t0
     from openmanus_rl_core.rollout.records import write_validation  # the samples, readable later
 
@@ -50,3 +53,30 @@ def validate(trainer: Any, step: int, prefix: str = "val") -> dict[str, float]:
                      + " | ".join(repr(t.response) for t in e.trajectory.turns))
     return out
 
+
+
+def policy_metrics(trainer: Any, prefix: str = "val") -> dict[str, float]:
+    """``<prefix>/<name>`` for every metric the ``openmanus_rl_policy_metrics`` hooks return, scored by the actor
+    ranks' engine copies of the policy (the rows split evenly over the ranks)."""
+    from openmanus_rl_core.distributed.sharding import split_evenly
+    from openmanus_rl_core.models.scoring import PolicyScorer
+    from openmanus_rl_core.plugin.registry import build
+
+    pm = getattr(trainer, "pm", None)
+    if pm is None or not pm.hook.openmanus_rl_policy_metrics.get_hookimpls():
+        return {}
+
+    def score(prompts: list, continuations: list) -> list[float]:
+        shards = split_evenly(list(zip(prompts, continuations)), trainer.actor.size)
+        parts = trainer.actor.call_each("score_continuations",
+                                        [([p for p, _ in s], [c for _, c in s]) for s in shards])
+        if any(part is None for part in parts):
+            raise LookupError(f"the rollout engine {trainer.cfg.rollout.engine!r} holds no model in the actor "
+                              f"process to score replies with")
+        return [x for part in parts for x in part]
+
+    scorer = PolicyScorer(trainer.tokenizer, build("template", trainer.cfg.template), score)
+    out: dict[str, float] = {}
+    for result in pm.hook.openmanus_rl_policy_metrics(cfg=trainer.cfg, policy=scorer):
+        out.update({f"{prefix}/{k}": float(v) for k, v in (result or {}).items()})
+    return out

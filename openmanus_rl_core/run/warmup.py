@@ -120,13 +120,14 @@ def chat_transcripts(env_factory: Callable[[], Any], template: Any, tasks: Seque
     try:
         instruction = str(getattr(probe, "instruction", "") or "")
         has_oracle = hasattr(probe, "oracle_action")
+        no_oracle = set(getattr(probe, "without_oracle", None) or ())  # a mix's sources that have none
     finally:
         probe.close()
     for task in tasks:
         if progress is not None:
             progress.advance()
         episode = task_demonstration(task)
-        if episode is None and not has_oracle:
+        if episode is None and (not has_oracle or task.get("source") in no_oracle):
             continue  # no env is built per task when nothing comes of it
         env = env_factory() if episode is None else None
         try:
@@ -198,8 +199,15 @@ def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenize
         can_play = demonstrator != "oracle" or hasattr(probe, "oracle_action")
         if demonstrator != "oracle":
             demonstrator_policy(probe, demonstrator)  # an unknown name fails before any task is played
+        # A mix's sources without an oracle: their tasks are left out, as a single env without one is.
+        no_oracle = list(getattr(probe, "without_oracle", None) or ()) if demonstrator == "oracle" and can_play else []
     finally:
         probe.close()
+    if no_oracle and log is not None:
+        left = sum(task.get("source") in no_oracle and task_demonstration(task) is None for task in tasks)
+        log(f"warm-up: source{'s' if len(no_oracle) > 1 else ''} {', '.join(no_oracle)} of env=mix "
+            f"{'have' if len(no_oracle) > 1 else 'has'} no oracle: {left} of the {len(tasks)} demonstration tasks "
+            f"are left out of the warm-up (and of the tokenizer corpus's played episodes)")
     demos = []
     with Alive(log, "warm-up demonstrations", total=len(tasks), unit="tasks") as progress:
         for task in tasks:
@@ -209,7 +217,7 @@ def build_demonstrations(env_factory: Callable[[], Any], template: Any, tokenize
                 reward = float(task["demonstration"].get("reward", float("nan")))
                 success = bool(task["demonstration"].get("success", True))
                 prompt = _prompt(template, chat, shown, instruction)
-            elif can_play:
+            elif can_play and task.get("source") not in no_oracle:
                 shown = env_factory()
                 try:
                     *episode, reward, success = play_episode(shown, task, max_turns,

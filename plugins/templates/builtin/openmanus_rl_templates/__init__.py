@@ -6,6 +6,7 @@ name       reply                                                kind         sto
 react      ``<think>...</think><action>...</action>``           action       ``</action>``
 agentgym   ``Thought: ...\\nAction: ...`` (or ``Action:\\n...``)  action       ``\\nObservation:``
 json_tool  ``<tool_call>{"name": "act", "arguments": {...}}``   tool_call    ``</tool_call>``
+message    the whole reply, in whatever format                  message      (end of turn)
 =========  ===================================================  ===========  ================
 
 The tool-calling family (:mod:`openmanus_rl_templates.tool_calls`): the env's tools reach the model through its chat
@@ -27,9 +28,10 @@ from openmanus_rl_templates.agentgym import AgentGymTemplate
 from openmanus_rl_templates.hermes_tools import HermesToolsTemplate
 from openmanus_rl_templates.json_tool import JsonToolTemplate
 from openmanus_rl_templates.llama3_tools import Llama3ToolsTemplate
+from openmanus_rl_templates.message import MessageTemplate
 from openmanus_rl_templates.qwen_tools import QwenToolsTemplate
 from openmanus_rl_templates.react import ReactTemplate
 from openmanus_rl_templates.tool_calls import ToolCallTemplate
 
 __all__ = ["ReactTemplate", "AgentGymTemplate", "JsonToolTemplate", "ToolCallTemplate", "QwenToolsTemplate",
-           "Llama3ToolsTemplate", "HermesToolsTemplate"]
+           "Llama3ToolsTemplate", "HermesToolsTemplate", "MessageTemplate"]

@@ -1,5 +1,5 @@
 """Contributes this package's Hydra configs (``template=react``, ``agentgym``, ``json_tool``, ``qwen_tools``,
-``llama3_tools``, ``hermes_tools``)."""
+``llama3_tools``, ``hermes_tools``, ``message``)."""
 
 from __future__ import annotations
 
