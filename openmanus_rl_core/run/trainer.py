@@ -431,9 +431,8 @@ class Trainer:
             self.pm.hook.openmanus_rl_run_end(run_dir=str(self.run_dir), metrics=dict(last))
 
     def shutdown(self) -> None:
-        for g in (self.actor, self.critic):
-            if g is not None:
-                g.kill()
+        for g in (g for g in (self.actor, self.critic) if g is not None):
+            g.kill()
         if self.ray_started:  # imported only then: a stop in the middle of `import ray` leaves it half imported
             import ray
 

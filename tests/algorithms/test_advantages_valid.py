@@ -86,12 +86,12 @@ def test_whitening_over_valid_tokens_only(estimator):
     assert _per_row(adv) == pytest.approx([-3 / std, 1 * -1 / std, 0.0, 4 / std, 0.0], abs=1e-5)
 
 
-@pytest.mark.parametrize("name", ["grpo", "grpo_no_std", "rloo", "gigpo", "reinforce_plus_plus", "gae"])
+@pytest.mark.parametrize("name", ["grpo", "grpo_no_std", "rloo", "gigpo", "reinforce_plus_plus", "gae", "rae"])
 def test_registered_estimators_read_the_batch_valid_flags(name):
     r, m = _inputs()
     batch = Batch(tensors={"token_level_rewards": r, "response_mask": m, "values": torch.zeros_like(r),
                            "step_ids": torch.tensor([[-1, 0]] * 5), "valid": VALID},
-                  non_tensors={"group_ids": GROUPS, "anchor_obs": [["s0"]] * 5,
+                  non_tensors={"group_ids": GROUPS, "roles": GROUPS, "anchor_obs": [["s0"]] * 5,
                                "step_rewards": [[x] for x in REWARDS]})
     adv, _ = registry("advantage").get(name)(batch)
     assert adv[~VALID].abs().sum().item() == 0.0  # excluded rows get nothing

@@ -1,0 +1,126 @@
+"""OpenSpiel games as text: loading a game string (with close matches for an unknown name), what the player to move
+is shown at a state, and reading an action from a reply.
+
+The text a seat sees at a state (:func:`describe`) is a function of that state and seat alone, so the env, the
+self-play seats and the exploitability adapter (:mod:`.exploitability`) all show the model the same words for the
+same information state.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+__all__ = ["load", "check_game", "describe", "header", "legal_texts", "match_action", "moves_so_far", "outcome_text"]
+
+
+def _pyspiel():
+    import pyspiel
+
+    return pyspiel
+
+
+def load(game: str) -> Any:
+    """``pyspiel.load_game(game)``; an unknown name or bad parameters raise ValueError in one line (close
+    matches of an unknown name suggested)."""
+    pyspiel = _pyspiel()
+    if not isinstance(game, str) or not game.strip():
+        raise ValueError(f"game={game!r}: must be an OpenSpiel game string such as kuhn_poker or "
+                         f"liars_dice(numdice=2)")
+    name = game.split("(", 1)[0].strip()
+    known = list(pyspiel.registered_names())
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        hint = (f"did you mean {', '.join(close)}?" if close
+                else "python -c 'import pyspiel; print(pyspiel.registered_names())' lists them")
+        raise ValueError(f"game={game!r}: OpenSpiel has no game {name!r}; {hint}")
+    try:
+        return pyspiel.load_game(game)
+    except Exception as exc:  # noqa: BLE001  (pyspiel raises its own SpielError on bad parameters)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"game={game!r}: OpenSpiel cannot load it ({first})") from None
+
+
+def check_game(game: str) -> Any:
+    """The loaded game, or ValueError: unknown, bad parameters, or not a sequential game."""
+    loaded = load(game)
+    kind = loaded.get_type()
+    if kind.dynamics != _pyspiel().GameType.Dynamics.SEQUENTIAL:
+        raise ValueError(f"game={game!r}: a {str(kind.dynamics).rsplit('.', 1)[-1].lower()}-move game; env=openspiel "
+                         f"plays sequential games only (one player moves at a time)")
+    if not (kind.provides_information_state_string or kind.provides_observation_string):
+        raise ValueError(f"game={game!r}: OpenSpiel gives no text of its states (neither information-state nor "
+                         f"observation strings), so a text policy cannot see it")
+    return loaded
+
+
+def _state_text(state: Any, player: int) -> str:
+    """What OpenSpiel says ``player`` knows: the observation string of a perfect-information game (a board), else
+    the information-state string (the player's private information and the public moves)."""
+    kind = state.get_game().get_type()
+    perfect = kind.information == _pyspiel().GameType.Information.PERFECT_INFORMATION
+    if kind.provides_observation_string and (perfect or not kind.provides_information_state_string):
+        return state.observation_string(player)
+    return state.information_state_string(player)
+
+
+def legal_texts(state: Any, player: int | None = None) -> list[str]:
+    """The legal actions' texts (``action_to_string``), in OpenSpiel's order."""
+    player = state.current_player() if player is None else player
+    return [state.action_to_string(player, a) for a in state.legal_actions(player)]
+
+
+def moves_so_far(state: Any) -> list[str]:
+    """The players' moves, oldest first, as ``player k: text``; chance outcomes (deals, dice) are left out: some are
+    private, and the information state already shows a player its own."""
+    history = state.get_game().new_initial_state()
+    moves = []
+    for action in state.history():
+        if not history.is_chance_node():
+            who = history.current_player()
+            moves.append(f"player {who}: {history.action_to_string(who, action)}")
+        history.apply_action(action)
+    return moves
+
+
+def describe(state: Any, player: int, game: str) -> str:
+    """The observation ``player`` gets when it is to move at ``state``: the game, its seat, OpenSpiel's text of what
+    it knows, the moves so far and the legal actions."""
+    moves = moves_so_far(state)
+    lines = [header(game, player, state.get_game().num_players()),
+             f"State (as player {player} sees it):", _state_text(state, player),
+             "Moves so far: " + ("; ".join(moves) if moves else "none"),
+             "Legal actions: " + ", ".join(legal_texts(state, player))]
+    return "\n".join(lines)
+
+
+def header(game: str, player: int, players: int) -> str:
+    """The first line of every observation a seat gets: the game and the seat (the plugin's hooks read the role from
+    it)."""
+    return f"Game: {game}. You are player {player} of {players}."
+
+
+def outcome_text(state: Any, player: int, game: str) -> str:
+    """The end of a game as ``player`` reads it: the header, the moves, and every player's return."""
+    moves = moves_so_far(state)
+    returns = state.returns()
+    return "\n".join([
+        header(game, player, len(returns)),
+        "The game is over. Moves: " + ("; ".join(moves) if moves else "none"),
+        "Returns: " + ", ".join(f"player {p}: {r:g}" for p, r in enumerate(returns)),
+        f"Your return: {returns[player]:g}"])
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def match_action(state: Any, reply: str) -> int | None:
+    """The legal action of the player to move that ``reply`` names: its text, ignoring case and spacing; None when
+    it names none."""
+    wanted = _norm(reply)
+    player = state.current_player()
+    for action in state.legal_actions(player):
+        if _norm(state.action_to_string(player, action)) == wanted:
+            return action
+    return None
