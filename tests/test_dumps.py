@@ -77,6 +77,30 @@ def test_the_fingerprint_tells_models_and_tokenizers_apart(tmp_path):
     assert model_fingerprint(tmp_path / "a") != first
 
 
+def test_a_step_written_again_with_nothing_dropped_loses_its_old_dropped_file_and_manifest_entry(tmp_path):
+    """A killed run's attempt at step 3 left a group out; the resumed run trains step 3 with nothing left out: the
+    old dropped_000003.jsonl goes, and the next checkpoint's manifest no longer names it."""
+    from openmanus_rl_core.run.dumps import RolloutDumps
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    dumps = RolloutDumps(tmp_path / "run", tmp_path / "model")
+    dumps.write(3, _batch(), dropped=[{"task_id": 9, "group_id": "g9", "samples": 2, "reason": "no_spread"}])
+    folder = tmp_path / "run" / "rollouts"
+    assert sorted(p.name for p in folder.iterdir()) == ["dropped_000003.jsonl", "step_000003.parquet"]
+    assert sorted(dumps.manifest(3)) == ["dropped_000003.jsonl", "step_000003.parquet"]
+    dumps.write(3, _batch(), dropped=[])  # the same run writing the step again
+    assert sorted(p.name for p in folder.iterdir()) == ["step_000003.parquet"]
+    assert sorted(dumps.manifest(3)) == ["step_000003.parquet"]
+    # A resumed run (a new writer, from checkpoint 2) finds the killed attempt's files on disk.
+    dumps.write(3, _batch(), dropped=[{"task_id": 9, "group_id": "g9", "samples": 2, "reason": "surplus"}])
+    resumed = RolloutDumps(tmp_path / "run", tmp_path / "model")
+    assert sorted(resumed.manifest(2)) == []
+    resumed.write(3, _batch(), dropped=[])
+    assert sorted(p.name for p in folder.iterdir()) == ["step_000003.parquet"]
+    assert sorted(resumed.manifest(3)) == ["step_000003.parquet"]
+
+
 # ----------------------------------------------------------------------------------------- a run, replayed
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory, cli_env, ray_local) -> Path:
@@ -109,6 +133,29 @@ def test_across_a_kill_each_task_is_trained_n_times_in_the_samplers_order_none_l
                .column("task_id").to_pylist()]
     assert trained == [t for t in order[:20] for _ in range(2)]
     assert not list((ppo_run / "rollouts").glob("dropped_*")) and not list((ppo_run / "rollouts").glob(".*tmp*"))
+
+
+@pytest.mark.slow
+def test_the_docs_count_each_row_drawn_and_trained_once_from_the_dumps_alone(ppo_run, capsys):
+    """docs/rollout-records.md's block, run as written on the killed and resumed run: each draw names its task
+    row (its index in the task file, its seed), and over 5 steps of 4 tasks the 16 rows are each drawn once, then
+    the second epoch's first 4 again."""
+    import re
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "rollout-records.md").read_text()
+    section = page[page.index("## Counting what was trained"):]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    scope: dict = {}
+    exec(compile(block.replace('run = "runs/a"', f"run = {str(ppo_run)!r}"), "rollout-records.md", "exec"), scope)
+    assert capsys.readouterr().out == "20 draws trained, 0 left out, over 16 of 16 rows, each drawn 1 or 2 times\n"
+    assert sorted(scope["drawn"].values()) == [1] * 12 + [2] * 4
+    # the rows drawn twice are the first 4 of the sampler's second epoch, by row, not by task id
+    from openmanus_rl_core.data.sampler import TaskSampler
+    from openmanus_rl_core.data.tasks import load_tasks
+
+    tasks = load_tasks(ppo_run / "data" / "train.parquet")
+    second = TaskSampler(tasks, 4, seed=0).order(1)[:4]
+    assert sorted(r for r, k in scope["drawn"].items() if k == 2) == sorted(second)
 
 
 @pytest.mark.slow

@@ -57,6 +57,81 @@ def test_a_batch_smaller_than_the_ratio_alternates_and_never_drifts_by_a_row():
         assert abs(drawn["a"] - 0.75 * total) < 1
 
 
+def test_at_2_to_1_a_batch_of_2_takes_1_1_then_2_0_and_never_0_2():
+    """The share of each step: the source of ratio 1 never gets the whole batch, the one of ratio 2 never falls
+    behind its share by a row."""
+    sampler = SourceSampler(_rows("a", 9) + _rows("b", 9), 2, {"a": 2, "b": 1})
+    steps = []
+    for _ in range(12):
+        batch = sampler.next_batch()
+        steps.append((sum(t["source"] == "a" for t in batch), sum(t["source"] == "b" for t in batch)))
+    assert steps == [(1, 1), (2, 0), (1, 1)] * 4
+    assert (0, 2) not in steps
+
+
+def test_val_max_tasks_is_spread_over_the_sources_by_ratio_in_each_sources_order():
+    from openmanus_rl_core.data.sources import first_tasks
+
+    tasks = _rows("a", 10) + _rows("b", 2) + _rows("c", 10)
+    picked = first_tasks(tasks, 4, {"a": 3, "b": 1, "c": 1})
+    assert [(t["source"], t["task_id"]) for t in picked] == [("a", 0), ("a", 1), ("b", 0), ("c", 0)]
+    # b's share (6 of 10) is more than its 2 rows: the rest goes to the others
+    picked = first_tasks(tasks, 10, {"a": 1, "b": 3, "c": 1})
+    assert Counter(t["source"] for t in picked) == Counter(a=4, b=2, c=4)
+    assert first_tasks(tasks, 4, None) == tasks[:4]  # a single env: the first rows, as before
+
+
+def test_a_whole_sources_mapping_replaces_the_default_sources_and_a_plus_entry_adds_one():
+    from omegaconf import OmegaConf
+
+    from openmanus_rl_core.config.loading import compose
+
+    def sources(*overrides: str) -> dict:
+        return OmegaConf.to_container(compose(["env=mix", *overrides]).env.kwargs.sources)
+
+    assert list(sources()) == ["key_door", "legs"]
+    assert sources("env.kwargs.sources={a: {env: key_door, ratio: 2}, b: {env: word_copy}}") == {
+        "a": {"env": "key_door", "ratio": 2}, "b": {"env": "word_copy"}}
+    assert sources("env.kwargs.sources={a: {env: key_door}}", "env.kwargs.sources.a.ratio=5") == {
+        "a": {"env": "key_door", "ratio": 5}}  # keys after it change the new mapping
+    assert list(sources("+env.kwargs.sources.b={env: word_copy}")) == ["key_door", "legs", "b"]
+    assert sources("env.kwargs.sources.key_door.ratio=1")["key_door"] == {"ratio": 1}
+
+
+def test_a_source_without_an_oracle_is_left_out_of_the_corpus_and_the_warm_up_with_one_notice():
+    """TextArena's Blackjack-v0 has no solver here; key_door has an oracle. The corpus keeps Blackjack's prompts
+    and first observations, plays key_door's oracle episodes; the warm-up demonstrates key_door's tasks only."""
+    from openmanus_rl_core.config.loading import load
+    from openmanus_rl_core.models.loading import build_tokenizer
+    from openmanus_rl_core.plugin.registry import build
+    from openmanus_rl_core.run.warmup import build_corpus, build_demonstrations
+
+    cfg = load(["env=mix", "env.kwargs.sources={blackjack: {env: textarena, kwargs: {game: Blackjack-v0}}, "
+                "key_door: {}}"], training=False)
+    make = lambda: build("env", cfg.env)  # noqa: E731
+    template = build("template", cfg.template)
+    tasks = [{"task_id": i, "seed": i, "source": s} for i in range(3) for s in ("blackjack", "key_door")]
+    probe = make()
+    assert probe.without_oracle == ["blackjack"] and hasattr(probe, "oracle_action")
+    probe.start_task(tasks[0])
+    assert not hasattr(probe, "oracle_action")  # Blackjack's task in play: no oracle, as Blackjack alone
+    probe.start_task(tasks[1])
+    assert hasattr(probe, "oracle_action")
+    probe.close()
+
+    corpus = build_corpus(make, template, tasks, max_turns=8)
+    blackjack = build("env", {"name": "textarena", "kwargs": {"game": "Blackjack-v0"}})
+    assert blackjack.reset(task_id=1, seed=1) in corpus
+    assert template.render("open box") in corpus  # key_door's oracle played its first move
+    logged: list[str] = []
+    demos = build_demonstrations(make, template, build_tokenizer(corpus, vocab_size=400), tasks, 8,
+                                 log=logged.append)
+    assert len(demos) == 3  # the key_door tasks
+    assert [line for line in logged if "oracle" in line] == [
+        "warm-up: source blackjack of env=mix has no oracle: 3 of the 6 demonstration tasks are left out of the "
+        "warm-up (and of the tokenizer corpus's played episodes)"]
+
+
 def test_a_resumed_sampler_draws_what_the_uninterrupted_one_would():
     tasks = _rows("a", 7) + _rows("b", 4)
     whole = SourceSampler(tasks, 3, {"a": 2, "b": 1}, seed=9)
@@ -199,13 +274,14 @@ def _cli(run_dir: Path, *extra: str) -> list[str]:
 def test_key_door_and_a_reasoning_gym_dataset_at_3_to_1_train_with_per_source_metrics(tmp_path, ray_local,
                                                                                       command_here):
     run = tmp_path / "run"
-    out = command_here(_cli(run)[1:])  # the command's function (cli.main), in this process on the tests' shared Ray
+    # in this process (cli.main) on the tests' shared Ray; 4 of the 8 validation tasks (key_door's 4, then legs' 4)
+    out = command_here(_cli(run, "trainer.val_max_tasks=4")[1:])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     records = {r["step"]: r for r in _records(run)}
     for step in (1, 2, 3, 4):  # a batch of 4 tasks x n=2: 3 key_door tasks and 1 legs task every step
         assert records[step]["train/key_door/episodes"] == 6 and records[step]["train/legs/episodes"] == 2
     final = records[4]
-    assert final["val/key_door/episodes"] == 4 and final["val/legs/episodes"] == 4
+    assert final["val/key_door/episodes"] == 3 and final["val/legs/episodes"] == 1  # every source, at 3:1
     assert 0 <= final["val/legs/success_rate"] <= 1
     assert all(records[step]["rollout/termination/env_error"] == 0 for step in (1, 2, 3, 4))
 

@@ -132,6 +132,23 @@ def test_a_run_folder_without_its_record_is_refused(tmp_path, command_here):
     assert _files(run_dir) == before
 
 
+def test_auto_into_a_folder_holding_only_metrics_is_exit_2_and_changes_nothing(tmp_path, command_here):
+    """metrics.jsonl alone (a run whose config.json was lost before its first checkpoint): its settings are unknown,
+    so auto neither starts it again nor sets its steps aside."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "val/success_rate": 0.5}) + "\n"
+                                                   for s in range(3)))
+    before = _files(run_dir)
+    out = command_here([*TRAIN, f"trainer.run_dir={run_dir}", "trainer.resume=auto"])
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.stderr.splitlines() == [
+        f"error: trainer.resume=auto: {run_dir} holds a run's checkpoints or metrics but no config.json, so its "
+        f"settings are unknown; give the run folder that holds config.json, or start a new run (another "
+        f"trainer.run_dir)"]
+    assert _files(run_dir) == before and sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl"]
+
+
 @pytest.mark.parametrize("value", ["true", "True"])
 def test_trainer_resume_true_resumes_like_auto(tmp_path, value):
     """`trainer.resume=true` (YAML's boolean, which reaches the string field as "True") continues the run from its

@@ -273,3 +273,23 @@ def test_sigterm_during_a_slow_rollout_abandons_the_step_and_keeps_the_completed
     after = _rows(run)
     assert after[:len(rows)] == rows
     assert [r["step"] for r in after[len(rows):]] == [3, 4]
+
+
+def test_a_stop_during_the_untrained_validation_is_exit_143_one_line_and_no_traceback(tmp_path, cli_env):
+    """Every env step waits 20 s: the untrained validation (step 0, sampled: a greedy untrained model's empty reply
+    would end its episodes before any step) is still playing when its first alive line ("validation: 2 tasks, 10s")
+    comes, and the signal is sent then."""
+    run = tmp_path / "run"
+    args = [CLI, "train", *[a for a in SLOW_ENV if not a.startswith("env.kwargs.median_ms=")],
+            "env.kwargs.median_ms=20000", f"trainer.run_dir={run}", "trainer.total_steps=2",
+            "trainer.val_before_train=true", "trainer.val_greedy=false", "env.val_tasks=2"]
+    status, seconds, text = _signal_when(args, "validation: 2 tasks", signal.SIGTERM, tmp_path / "out.txt", cli_env)
+    assert status == 143, text[-3000:]
+    assert seconds < 30, seconds
+    stopped = [line for line in text.splitlines() if line.startswith("stopped by ")]
+    assert len(stopped) == 1 and stopped[0].startswith("stopped by SIGTERM after "), text[-3000:]
+    assert stopped[0].endswith(f"; no step completed; continue with: openmanus-rl train trainer.run_dir={run} "
+                               f"trainer.resume=auto")
+    assert "step 0 (untrained)" not in text and _rows(run) == []  # no step 0 logged
+    for noise in ("Traceback", "KeyboardInterrupt", "GCS", "Unhandled error", "TaskCancelledError"):
+        assert noise not in text, text[-3000:]

@@ -46,9 +46,10 @@ class LatencyEnv:
         self.last_wait_s = 0.0
 
     @classmethod
-    def serve(cls, inner: str, inner_kwargs: Mapping[str, Any] | None = None, **latency: Any) -> EnvService:
-        """The inner env's servers (if it has any), with the latency settings kept."""
-        service = open_env_service(inner, registry("env").get(inner), dict(inner_kwargs or {}))
+    def serve(cls, inner: str, inner_kwargs: Mapping[str, Any] | None = None, at_once: int | None = None,
+              **latency: Any) -> EnvService:
+        """The inner env's servers (if it has any, sized for ``at_once`` episodes), with the latency settings kept."""
+        service = open_env_service(inner, registry("env").get(inner), dict(inner_kwargs or {}), at_once=at_once)
         return EnvService(dict(latency, inner=inner, inner_kwargs=service.kwargs), service.stop, service.check)
 
     def delay_s(self) -> float:

@@ -9,8 +9,10 @@ Where the env comes from (``env.kwargs``, exactly one of):
 
 :meth:`OpenEnvEnv.serve` (the driver, once per command) checks the servers or starts them, and finds how many
 WebSocket sessions a server holds at once by opening them until the server says ``CAPACITY_REACHED`` (at most
-``sessions``). A started env whose server holds fewer than ``sessions`` gets more servers (at most
-``max_servers``). Every env, in every process, is then built with the servers' URLs.
+``sessions``). ``sessions`` left unset is the number of episodes the command plays at once (``at_once``, from the
+command: ``train``'s batch x ``rollout.n`` or its validation, ``rollout``'s tasks x ``rollout.n``). A started env
+whose server holds fewer than ``sessions`` gets more servers (at most ``max_servers``). Every env, in every process,
+is then built with the servers' URLs and the ``sessions`` they were sized for.
 
 One episode is one WebSocket session (one env instance on the server), opened by :meth:`OpenEnvEnv.reset` on the
 next server with a free session and closed by :meth:`OpenEnvEnv.close`:
@@ -64,7 +66,7 @@ class Settings:
     app: Optional[str] = None
     obs_field: Optional[str] = None
     instruction: Optional[str] = None
-    sessions: int = 128
+    sessions: Optional[int] = None
     max_servers: int = 8
     server_env: Dict[str, Any] = field(default_factory=dict)
     log_dir: Optional[str] = None
@@ -85,6 +87,8 @@ class Settings:
                              + (", ".join(f"{k}={getattr(self, k)}" for k in given) or "none"))
         for name in ("sessions", "max_servers"):
             value = getattr(self, name)
+            if value is None and name == "sessions":  # the command's episodes at once (serve's at_once)
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value}: must be an integer >= 1")
         for name in ("timeout_s", "health_timeout_s"):
@@ -296,12 +300,20 @@ class OpenEnvEnv:
 
     # ----------------------------------------------------------------------------------------- the driver's side
     @classmethod
-    def serve(cls, **kwargs: Any) -> EnvService:
-        """Check the user's servers, or start the package's (or app's) servers: see the module docstring."""
+    def serve(cls, at_once: int | None = None, **kwargs: Any) -> EnvService:
+        """Check the user's servers, or start the package's (or app's) servers, for ``sessions`` episodes at once
+        (unset: ``at_once``, the command's): see the module docstring."""
         s = Settings(**kwargs)
         s.check_values()
+        why = "env.kwargs.sessions"
+        if s.sessions is None:
+            if at_once is None:
+                raise ValueError("env.kwargs.sessions is not set and the command did not say how many episodes it "
+                                 "plays at once: set env.kwargs.sessions=<episodes at once>")
+            s.sessions, why = int(at_once), "the episodes this command plays at once; env.kwargs.sessions sets it"
+        kwargs = {**kwargs, "sessions": s.sessions}  # every env knows what its servers were sized for
         if s.urls:
-            return _serve_urls(s, kwargs)
+            return _serve_urls(s, kwargs, why)
         from openmanus_rl_env_openenv.servers import ServerPool, ServerStartError
 
         app = find_manifest(s.package).app if s.package else s.app
@@ -316,7 +328,7 @@ class OpenEnvEnv:
             needed = -(-s.sessions // held)
             if needed > s.max_servers:
                 raise EnvUnavailableError(
-                    f"{what}: a server holds {held} session(s) at once, so env.kwargs.sessions={s.sessions} needs "
+                    f"{what}: a server holds {held} session(s) at once, so {_sessions(s, why)} needs "
                     f"{needed} servers, more than env.kwargs.max_servers={s.max_servers}: raise max_servers or lower "
                     "sessions")
             if needed > 1:
@@ -350,7 +362,12 @@ def _check_obs_field(s: Settings, urls: list[str]) -> None:
                                   f"(its fields: {', '.join(names) or 'none'})")
 
 
-def _serve_urls(s: Settings, kwargs: dict[str, Any]) -> EnvService:
+def _sessions(s: Settings, why: str) -> str:
+    """How a message names the sessions asked for: the setting, or the command's count."""
+    return f"env.kwargs.sessions={s.sessions}" if why == "env.kwargs.sessions" else f"sessions={s.sessions} ({why})"
+
+
+def _serve_urls(s: Settings, kwargs: dict[str, Any], why: str) -> EnvService:
     from openmanus_rl_env_openenv.servers import healthy
 
     def answering() -> None:
@@ -368,7 +385,7 @@ def _serve_urls(s: Settings, kwargs: dict[str, Any]) -> EnvService:
     if held < s.sessions:
         raise EnvUnavailableError(
             f"OpenEnv env at {', '.join(s.urls)}: the server(s) hold {held} session(s) at once, fewer than "
-            f"env.kwargs.sessions={s.sessions} (the episodes played at once): start more servers (env.kwargs.url "
-            "takes a list), or lower sessions")
+            f"{_sessions(s, why)}: start more servers (env.kwargs.url takes a list), or play fewer episodes at "
+            "once")
     return EnvService(dict(kwargs), check=answering)
 

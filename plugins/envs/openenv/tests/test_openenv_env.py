@@ -253,6 +253,89 @@ def test_a_single_session_env_gets_one_server_per_session(words_package, monkeyp
         OpenEnvEnv.serve(**{**kwargs, "max_servers": 1})
 
 
+def test_two_session_servers_with_sessions_3_are_two_servers_and_3_episodes_reset_at_once(words_package):
+    kwargs = kwargs_of(f"env.kwargs.package={words_package}", "env.kwargs.sessions=3",
+                       "+env.kwargs.server_env.WORDS_SESSIONS=2")
+    service = OpenEnvEnv.serve(**kwargs)
+    try:
+        urls = service.kwargs["url"]
+        assert len(urls) == 2 and len(set(urls)) == 2  # ceil(3 / 2) servers
+        envs = [OpenEnvEnv(**service.kwargs) for _ in range(3)]
+        barrier = threading.Barrier(3)
+        results: list = [None] * 3
+
+        def reset(i: int) -> None:
+            barrier.wait()
+            try:
+                results[i] = envs[i].reset(task_id=i)
+            except Exception as exc:  # noqa: BLE001  (the assertion below names it)
+                results[i] = exc
+
+        threads = [threading.Thread(target=reset, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [f"prompt: Say the word: {word_of(i)}\nattempts_left: 3" for i in range(3)]
+        held = sorted(e._session._ws_url for e in envs)  # all three sessions open at once, over both servers
+        assert sorted(set(held)) == sorted(u.replace("http", "ws") + "/ws" for u in urls)
+        for e in envs:
+            e.close()
+    finally:
+        service.close()
+
+
+def test_sessions_unset_are_the_episodes_the_command_plays_at_once(words_package):
+    from openmanus_rl_core.plugin.envs import open_env_service
+
+    kwargs = kwargs_of(f"env.kwargs.package={words_package}", "+env.kwargs.server_env.WORDS_SESSIONS=2")
+    assert kwargs["sessions"] is None
+    service = open_env_service("openenv", OpenEnvEnv, kwargs, at_once=3)  # the command's 3 episodes: 2 servers
+    try:
+        assert len(service.kwargs["url"]) == 2 and service.kwargs["sessions"] == 3
+    finally:
+        service.close()
+    service = open_env_service("openenv", OpenEnvEnv, {**kwargs, "sessions": 1}, at_once=3)  # a setting wins
+    try:
+        assert len(service.kwargs["url"]) == 1 and service.kwargs["sessions"] == 1
+    finally:
+        service.close()
+    with pytest.raises(ValueError, match=r"^env\.kwargs\.sessions is not set and the command did not say how many "
+                                         r"episodes it plays at once: set env\.kwargs\.sessions=<episodes at once>$"):
+        OpenEnvEnv.serve(**kwargs)
+
+
+def test_the_episodes_at_once_of_train_are_a_step_or_a_validation_whichever_is_larger():
+    from openmanus_rl_core.run.setup import train_at_once
+
+    def at_once(*overrides: str) -> int:
+        return train_at_once(load(["env=key_door", *overrides], training=False))
+
+    assert at_once("data.train_batch_size=4", "algorithm.n=2", "env.val_tasks=6") == 8
+    assert at_once("data.train_batch_size=4", "algorithm.n=2", "env.val_tasks=20") == 20
+    assert at_once("data.train_batch_size=4", "algorithm.n=2", "env.val_tasks=20", "trainer.val_max_tasks=5") == 8
+    assert at_once("data.train_batch_size=4", "algorithm.n=2", "env.val_tasks=20", "trainer.val_freq=0",
+                   "trainer.val_before_train=false", "trainer.val_at_end=false", "warmup.enabled=false") == 8
+    assert at_once("data.train_batch_size=4", "algorithm.n=2", "env.val_tasks=6",
+                   "rollout.max_staleness=2") == 24  # 3 batches in flight
+
+
+def test_rollout_of_8_tasks_plays_on_a_64_session_server_without_a_sessions_setting(words_package, tmp_path,
+                                                                                   command_here):
+    server = UserServer(sessions=64)
+    try:
+        out = tmp_path / "out"
+        proc = command_here(["rollout", "env=openenv", "reward=openenv", f"env.kwargs.url={server.url}",
+                             "rollout.num_tasks=8", "rollout.n=1", f"rollout.output_dir={out}", "env.max_turns=1",
+                             "rollout.max_new_tokens=8", "model.tiny.vocab_size=400", "model.corpus_tasks=8"])
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "episodes: 8 (8 tasks x n=1)" in proc.stdout
+        rows = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines() if x.strip()]
+        assert len(rows) == 8 and all(r["termination"] != "env_error" for r in rows)
+    finally:
+        server.stop()
+
+
 # ------------------------------------------------------------------------------- a server killed mid-rollout
 class KillingEngine:
     """Replies ``word`` to every prompt; its first generate call first kills ``-9`` the process given by ``kill``."""

@@ -52,7 +52,7 @@ __all__ = ["PythonEnv", "ClassSpec", "load_class", "class_spec", "RESERVED"]
 RESERVED = ("reset", "get_reward", "close")
 # Task-row columns the core keeps for itself: a ``reset(**kwargs)`` is not given them (one that names them is).
 BOOKKEEPING = frozenset({"env", "task_id", "seed", "split", "data_source", "source", "extra", "group_id",
-                         "demonstration", "observation", "uid", "index"})
+                         "sample_index", "demonstration", "observation", "uid", "index"})
 """Public names that are part of the contract, not tools."""
 
 
