@@ -291,3 +291,24 @@ def test_the_update_weighs_a_constrained_token_by_the_allowed_mass(engine, model
         w, _ = truncated_is_weights(old, behaviour, torch.ones_like(old), cap=2.0)
         assert torch.allclose(w, torch.exp(old - behaviour), atol=1e-5) and float(w.max()) <= 1.0 + 1e-5
         assert float(w.min()) < 0.5  # the mask removed real mass somewhere: the weight is not a no-op
+
+
+def test_an_object_that_lists_its_properties_admits_no_other_key(engine, tok):
+    """A tool's parameters without ``additionalProperties`` (as smolagents sends them): the grammar closes the
+    object, so the model can only write the declared keys; an object that lists no properties stays open."""
+    from openmanus_rl_core.engines.constrained import _closed
+
+    schema = {"type": "object", "properties": {"door": {"type": "string", "enum": ["left", "right"]},
+                                               "why": {"type": "object", "properties": {"k": {"type": "integer", "minimum": 0, "maximum": 9}}}},
+              "required": ["door"]}
+    closed = _closed(schema)
+    assert closed["additionalProperties"] is False and closed["properties"]["why"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the request's own schema is left as it was
+    assert _closed({"type": "object"}) == {"type": "object"}
+    assert _closed({"type": "object", "properties": {}, "additionalProperties": True})["additionalProperties"] is True
+    gens = engine.generate(_prompts(tok, 8), SamplingParams(max_new_tokens=96, constraint=tool_call_constraint(
+        [{"name": "open", "parameters": schema}])))
+    for g in gens:
+        assert g.finish_reason == "stop", g.text
+        [call] = _calls(g.text)
+        assert set(call["arguments"]) <= {"door", "why"} and call["arguments"]["door"] in ("left", "right")

@@ -73,7 +73,37 @@ HERMES = ToolCallFormat()
 
 
 def _with_format(schema: Mapping[str, Any]) -> dict[str, Any]:
-    return {**schema, "x-guidance": {**JSON_FORMAT, **dict(schema.get("x-guidance") or {})}}
+    closed = _closed(schema)
+    return {**closed, "x-guidance": {**JSON_FORMAT, **dict(schema.get("x-guidance") or {})}}
+
+
+_SUBSCHEMAS = ("items", "additionalItems", "not", "if", "then", "else", "contains")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def _closed(schema: Any) -> Any:
+    """``schema`` with every object that lists ``properties`` and says nothing of ``additionalProperties`` closed to
+    other keys (as vLLM's guidance backend does): JSON Schema admits undeclared keys by default, and a model's
+    string under such a key may run to the length cap. An object with no ``properties`` (``json_object``) stays
+    open."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SUBSCHEMAS:
+        if key in out:
+            out[key] = _closed(out[key])
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(s) for s in out[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {k: _closed(v) for k, v in out[key].items()}
+    if isinstance(out.get("additionalProperties"), Mapping):
+        out["additionalProperties"] = _closed(out["additionalProperties"])
+    return out
 
 
 def _lark_str(text: str) -> str:
