@@ -12,7 +12,6 @@ import shlex
 import sys
 import textwrap
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -24,6 +23,7 @@ from openmanus_rl_core.gateway.agents import AgentJob, run_agents
 from openmanus_rl_core.gateway.server import Gateway
 from openmanus_rl_core.protocols import Generation
 from openmanus_rl_core.rollout import sampling_params
+from test_gateway_agents import _alive
 
 REPLY = "<action>open the box and read the note</action>"
 
@@ -169,14 +169,6 @@ def test_an_agent_function_declared_with_kwargs_receives_model(tmp_path, monkeyp
     [out] = run_agents([AgentJob("k", {"task_id": 0})], _cfg(function="omrl_kwargs_agent:plain"),
                        "http://127.0.0.1:9/v1", "omrl-policy", logged.append)
     assert (out.reward, out.error, logged) == (0.5, None, [])  # no model= for a function that takes none
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # a zombie has ended; only its parent's wait is missing
 
 
 @pytest.mark.parametrize("its_stderr", [
