@@ -25,6 +25,10 @@ a group is dealt from the task, so the same seat across a group's games holds th
 ``info["role"]`` names the game and the seat (``kuhn_poker:seat1``): the ``rae`` estimator's baseline key. Validation
 tasks, and episodes started without a group (the warm-up's), play ``val_opponent`` instead.
 
+The pool (``opponent=pool``, :mod:`.pool`): sample ``k`` of a group is the policy in seat ``k % players``, and
+the other seats are played by one of the run's snapshots of the policy's earlier behaviour; before the first
+snapshot, the group's samples are self-play seats as above.
+
 ``oracle_action()`` is a uniformly random legal action (drawn from a generator seeded by the task): it teaches the
 warm-up the action format and no strategy.
 """
@@ -36,11 +40,12 @@ import inspect
 import numbers
 import random
 import typing
+from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from openmanus_rl_core.protocols import StepResult, as_text
 
-from openmanus_rl_env_openspiel import games, opponents, tables
+from openmanus_rl_env_openspiel import games, opponents, pool, tables
 
 __all__ = ["OpenSpielEnv", "INSTRUCTION"]
 
@@ -83,12 +88,15 @@ class OpenSpielEnv:
     ``simulations`` (``bot:mcts``'s simulations a move), ``invalid_limit`` (invalid actions in a row that forfeit),
     ``instruction`` (None: :data:`INSTRUCTION` filled in for the game), ``val_opponent`` (with ``opponent=self``:
     the opponent of the validation tasks and of single episodes), ``seat_timeout_s`` (with ``opponent=self``: how
-    long a seat waits for the other seats of its game).
+    long a seat waits for the other seats of its game); with ``opponent=pool`` (:mod:`.pool`): ``pool_dir`` (the
+    folder of the snapshots), ``pool_size`` (the last snapshots drawn from) and ``refresh_steps`` (steps between
+    snapshots).
     """
 
     def __init__(self, game: str = "kuhn_poker", opponent: Union[str, list] = "random", seat: Optional[int] = None,
                  simulations: int = 100, invalid_limit: int = 3, instruction: Optional[str] = None,
-                 val_opponent: Union[str, list] = "random", seat_timeout_s: float = 60.0):
+                 val_opponent: Union[str, list] = "random", seat_timeout_s: float = 60.0,
+                 pool_dir: Optional[str] = None, pool_size: int = 4, refresh_steps: int = 25):
         self.game_string = game
         self.game = games.check_game(game)
         self.players = self.game.num_players()
@@ -96,7 +104,13 @@ class OpenSpielEnv:
         _check_limit(invalid_limit)
         _check_timeout(seat_timeout_s)
         self.opponent_names = opponents.check(self.game, game, opponent, simulations, val_opponent)
-        self.selfplay = opponent == opponents.SELF
+        self.league = opponent == pool.POOL
+        if self.league:
+            pool.check(game, pool_size, refresh_steps)
+        self.selfplay = opponent == opponents.SELF or self.league  # a pool without snapshots: self seats
+        self.pool_dir = Path(pool_dir) if self.league and pool_dir else None
+        self.pool_size, self.refresh_steps = int(pool_size), int(refresh_steps)
+        self.pool_step: int | None = None  # the snapshot playing the other seats of this episode
         # the opponents of an episode that is no seat of a self-play game (validation, the warm-up's episodes)
         self.fixed_names = (opponents.seat_opponents(val_opponent, self.players) if self.selfplay
                             else self.opponent_names)
@@ -123,12 +137,24 @@ class OpenSpielEnv:
         return state
 
     @staticmethod
+    def serve(**kwargs: Any) -> Any:
+        """The kwargs every env of the run is built with: ``pool_dir`` made absolute, so the workers (whatever their
+        working folder) find the pool's snapshots where the driver writes them."""
+        from openmanus_rl_core.plugin.envs import EnvService
+
+        if kwargs.get("pool_dir"):
+            kwargs["pool_dir"] = str(Path(kwargs["pool_dir"]).expanduser().resolve())
+        return EnvService(kwargs)
+
+    @staticmethod
     def check_run(kwargs: Mapping[str, Any], cfg: Any) -> None:
         """Self-play's needs of the rollout, checked before anything starts (ValueError naming the key): the episodes
         mode (a seat's env call waits while the others move), one sample per seat (``rollout.n`` a multiple of the
         seats), and each actor rank's share of a batch made of whole games."""
-        if kwargs.get("opponent") != opponents.SELF:
+        if kwargs.get("opponent") not in (opponents.SELF, pool.POOL):
             return
+        if kwargs.get("opponent") == pool.POOL:
+            pool.check_run(kwargs, cfg)
         game = str(kwargs.get("game"))
         seats = games.check_game(game).num_players()
         rollout = cfg.rollout
@@ -154,6 +180,8 @@ class OpenSpielEnv:
         if not self.selfplay or task.get("split") == "val" or task.get("group_id") is None or index is None:
             return self.reset(task_id=task.get("task_id"), seed=task.get("seed"))
         chosen = _task_number(task.get("task_id"), task.get("seed"))
+        if self.league and self._start_pool(task, chosen, int(index) % self.players):
+            return self._observation()
         self._begin(chosen, int(index) % self.players)
         self._table_key = (self.game_string, task["group_id"], int(index) // self.players, task.get("task_id"),
                            task.get("seed"))
@@ -163,11 +191,34 @@ class OpenSpielEnv:
         self._over = False
         return self._observation()
 
+    def _start_pool(self, task: Mapping[str, Any], chosen: int, seat: int) -> bool:
+        """A pool episode: the policy in ``seat``, a snapshot in the others (False: no snapshot yet, play self)."""
+        if self.pool_dir is None:  # no folder (an env built outside a training run): self seats
+            return False
+        step = pool.training_step(task.get("group_id"))
+        if step is None:  # the group stream's ids carry no step: the newest snapshot of the folder
+            step = (pool.snapshots(self.pool_dir) or [-1])[-1] + 1
+        snapshot = pool.choose(self.pool_dir, step, chosen, seat, self.pool_size, self.refresh_steps)
+        if snapshot is None:
+            pool.say_once(step)
+            self.pool_step = None
+            return False
+        table = pool.load(self.pool_dir, snapshot)
+        self._begin(chosen, seat)
+        self.pool_step = snapshot
+        self._opponents = {p: pool.PoolOpponent(table, _seed_of(chosen, p), snapshot)
+                           for p in range(self.players) if p != seat}
+        self.state = self.game.new_initial_state()
+        self._play_others()
+        self._over = False
+        return True
+
     def reset(self, task_id: int | None = None, seed: int | None = None) -> str:
         """The game of task ``task_id`` (``seed`` when None; a random one when both are) against the fixed opponents."""
         chosen = _task_number(task_id, seed)
         self._begin(chosen, chosen % self.players if self.seat is None else self.seat)
         others = [p for p in range(self.players) if p != self.own]
+        self.pool_step = None
         self._opponents = {p: opponents.make(name, self.game, _seed_of(chosen, p), self.simulations)
                            for p, name in zip(others, self.fixed_names)}
         self.state = self.game.new_initial_state()
@@ -223,6 +274,8 @@ class OpenSpielEnv:
                                 "role": f"{self.game_string}:seat{self.own}", "invalid": False}
         if self._table is not None:
             info["selfplay"] = True
+        if self.pool_step is not None:
+            info["pool_step"] = self.pool_step
         return info
 
     def _observation(self) -> str:
@@ -309,6 +362,8 @@ def _kwargs_dataclass() -> type:
 
     def __post_init__(self) -> None:
         game = games.check_game(self.game)
+        if self.opponent == pool.POOL:
+            pool.check(self.game, self.pool_size, self.refresh_steps)
         _check_seat(self.seat, game.num_players())
         _check_limit(self.invalid_limit)
         _check_timeout(self.seat_timeout_s)

@@ -7,7 +7,8 @@ one name per other seat, in seat order.
 - ``bot:minimax``: alpha-beta search of the whole game tree (``open_spiel.python.algorithms.minimax``), for
   two-player zero-sum perfect-information games without chance that are small enough to search to the end;
 - ``self`` (one name for every seat): the policy plays every seat, each seat its own episode (:mod:`.tables`);
-  validation tasks and single episodes (the warm-up's) play ``val_opponent`` instead.
+  validation tasks and single episodes (the warm-up's) play ``val_opponent`` instead;
+- ``pool`` (one name for every seat): snapshots of the policy's earlier behaviour in this run (:mod:`.pool`).
 
 Every opponent draws from its own generator seeded by the task id and its seat, so a task is the same game against
 the same opponent in every process.
@@ -103,15 +104,12 @@ def check(game: Any, game_string: str, opponent: Any, simulations: Any, val_oppo
     other seats' opponents (``self`` for each with ``opponent=self``, whose ``val_opponent`` is checked too)."""
     if isinstance(simulations, bool) or not isinstance(simulations, int) or simulations < 1:
         raise ValueError(f"simulations={simulations!r}: must be a positive integer (MCTS simulations a move)")
-    if opponent == SELF:
+    if opponent in (SELF, "pool"):  # the pool's own settings: pool.check
         try:
             check(game, game_string, val_opponent, simulations)
         except ValueError as exc:  # the same line, about the key that holds the bad value
             raise ValueError("val_" + str(exc)) from None
-        return [SELF] * (game.num_players() - 1)
-    if opponent == "pool":
-        raise ValueError("opponent=pool: a league of this run's checkpoints is not built yet; opponent=self plays "
-                         "the current policy in every seat")
+        return [opponent] * (game.num_players() - 1)
     if isinstance(opponent, (list, tuple)) and SELF in opponent:
         raise ValueError(f"opponent={list(opponent)}: self plays every seat; give opponent=self, not a list holding it")
     if not isinstance(opponent, (str, list, tuple)):

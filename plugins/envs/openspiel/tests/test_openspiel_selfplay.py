@@ -96,7 +96,7 @@ def test_validation_rows_and_single_episodes_play_the_val_opponent():
 @pytest.mark.parametrize("override, line", [
     ("env.kwargs.opponent=self env.kwargs.val_opponent=bot:minimax",
      r"^env\.kwargs\.val_opponent=bot:minimax: kuhn_poker: bot:minimax searches two-player zero-sum"),
-    ("env.kwargs.opponent=pool", r"^env\.kwargs\.opponent=pool: a league of this run's checkpoints is not built yet"),
+    ("env.kwargs.opponent=pool env.kwargs.game=tic_tac_toe", r"^env\.kwargs\.opponent=pool: tic_tac_toe: a pool seat plays a stored table"),
     ("env.kwargs.opponent=[self]", r"^env\.kwargs\.opponent=\['self'\]: self plays every seat"),
     ("env.kwargs.seat_timeout_s=0", r"^env\.kwargs\.seat_timeout_s=0: must be a positive number"),
 ])

@@ -31,6 +31,15 @@ TextArena's for the model's seat: 1 for a win, -1 for a loss, 0 for a draw. An i
 replaced by another listed move; an opponent left with no move the game takes ends the episode (reward 0, ``info
 ["game_error"]``).
 
+Self-play (``opponent=self``): the policy plays both seats. The rollout's sample ``k`` of a task's group
+(``sample_index``) is seat ``k % 2`` of game ``k // 2`` of that group, one episode per seat, each with its own
+trajectory and its own reward (TextArena's for that seat); the two seats of a game share it through :mod:`.tables`,
+so ``rollout.n`` is even and ``rollout.mode=episodes`` (a seat's env calls block while the other moves). Every game
+of a group is ``reset(num_players=2, seed=t)``. Validation tasks, and episodes started without a group (the
+warm-up's), play ``val_opponent`` instead. A seat that leaves a game early (its env closed mid-game) ends it for the
+other with reward 0 and ``info["forfeit_by"]``. Each self-play step's ``info["role"]`` names the game and the seat
+(``TicTacToe-v0:seat1``): the ``rae`` estimator's baseline key, and (:mod:`.hooks`) GRPO's groups per seat.
+
 ``oracle_action()`` exists for games with a cheap solver (:mod:`openmanus_rl_env_textarena.oracles`:
 GuessTheNumber, TowerOfHanoi, FrozenLake, TicTacToe); other games have no oracle: ``hasattr(env, "oracle_action")`` is False
 and the warm-up is skipped.
@@ -48,7 +57,7 @@ from typing import Any, Dict, Optional
 
 from openmanus_rl_core.protocols import StepResult, as_text
 
-from openmanus_rl_env_textarena import games
+from openmanus_rl_env_textarena import games, tables
 from openmanus_rl_env_textarena.opponents import OPPONENTS
 from openmanus_rl_env_textarena.oracles import ORACLES
 
@@ -101,34 +110,75 @@ class TextArenaEnv:
     description templates put in the system prompt; None: :data:`DEFAULT_INSTRUCTION`, or
     :data:`TWO_PLAYER_INSTRUCTION` for a two-player game), ``opponent`` (a two-player
     game's fixed opponent, :data:`~openmanus_rl_env_textarena.opponents.OPPONENTS`; None for a single-player game),
-    ``seat`` (the model's seat in a two-player game: 0, 1, or None for ``task_id % 2``).
+    ``seat`` (the model's seat in a two-player game: 0, 1, or None for ``task_id % 2``); with ``opponent=self``:
+    ``val_opponent`` (the opponent of validation tasks and single episodes) and ``seat_timeout_s`` (how long a seat
+    waits for the other's move).
     """
 
     def __init__(self, game: str = "GuessTheNumber-v0", config: Optional[Dict[str, Any]] = None,
                  success_threshold: float = 1.0, instruction: Optional[str] = None, opponent: Optional[str] = None,
-                 seat: Optional[int] = None):
+                 seat: Optional[int] = None, val_opponent: Optional[str] = "random", seat_timeout_s: float = 60.0):
         _check_threshold(success_threshold)
         _check_seat(seat)
+        _check_timeout(seat_timeout_s)
         self.spec = games.check(game, config, opponent=opponent)
+        self.selfplay = opponent == SELF
+        if self.selfplay:  # validation and single episodes play val_opponent
+            _check_val_opponent(game, config, val_opponent)
+        self.seat_timeout_s = float(seat_timeout_s)
         self.game_id = self.spec.id
         self.success_threshold = float(success_threshold)
         default = TWO_PLAYER_INSTRUCTION if self.spec.players == 2 else DEFAULT_INSTRUCTION
         self.instruction = default if instruction is None else str(instruction)
-        self.opponent_name, self.seat = opponent, seat
+        self.opponent_name, self.seat = (val_opponent if self.selfplay else opponent), seat
+        self._table: tables.Table | None = None  # a self-play game shared with the other seat's episode
+        self._table_key: Any = None
         self._game: Any = None
         self._rng = games.Isolated()
         self._done = True
         self._own = 0  # the model's seat in the game in play
         self._opponent: Any = None
 
+    @staticmethod
+    def check_run(kwargs: Any, cfg: Any) -> None:
+        """Self-play's needs of a training run (ValueError naming the key): the episodes mode, two samples a game
+        (``rollout.n`` even), each actor rank's share of a batch whole games."""
+        if kwargs.get("opponent") != SELF:
+            return
+        rollout = cfg.rollout
+        if rollout.mode != "episodes":
+            raise ValueError(f"rollout.mode={rollout.mode}: env.kwargs.opponent=self needs rollout.mode=episodes (a "
+                             f"seat's env call waits while the other seat moves; lockstep waits for both at once)")
+        if rollout.n % 2:
+            raise ValueError(f"rollout.n={rollout.n}: env.kwargs.opponent=self plays one sample per seat of a "
+                             f"two-player game: make rollout.n even")
+        rows, ranks = cfg.data.train_batch_size * rollout.n, cfg.trainer.num_workers
+        if rows % ranks or (rows // ranks) % 2:
+            raise ValueError(f"trainer.num_workers={ranks}: the seats of a game play on one actor rank, and {rows} "
+                             f"samples a step (data.train_batch_size x rollout.n) do not split into whole games over "
+                             f"{ranks} ranks")
+
     # ----------------------------------------------------------------------------------- protocol
+    def start_task(self, task: Any) -> str:
+        """A rollout's task row. With ``opponent=self``, a training row the rollout expanded (``group_id`` and
+        ``sample_index``) is seat ``sample_index % 2`` of game ``sample_index // 2`` of its group; anything else is
+        :meth:`reset`."""
+        index = task.get("sample_index")
+        if not self.selfplay or task.get("split") == "val" or task.get("group_id") is None or index is None:
+            return self.reset(task_id=task.get("task_id"), seed=task.get("seed"))
+        chosen = _task_number(task.get("task_id"), task.get("seed"))
+        self._leave()
+        self._own = int(index) % 2
+        self._table_key = (self.game_id, task["group_id"], int(index) // 2, task.get("task_id"), task.get("seed"))
+        self._table = tables.join(self._table_key, lambda: tables.Table(self.spec, chosen))
+        self._wait_turn("its first move")
+        self._done = False
+        return render(self._table.take(self._own), self._own, 2)
+
     def reset(self, task_id: int | None = None, seed: int | None = None) -> str:
         """The game TextArena deals for seed ``task_id`` (``seed`` when None; a random one when both are)."""
-        for name, value in (("task_id", task_id), ("seed", seed)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-                raise ValueError(f"textarena env: {name} must be an int, got {type(value).__name__} {value!r}")
-        chosen = task_id if task_id is not None else seed
-        chosen = int(chosen) if chosen is not None else random.SystemRandom().randrange(2**31)
+        chosen = _task_number(task_id, seed)
+        self._leave()
         if self._game is None:
             with self._rng():
                 self._game = games.make(self.spec)
@@ -147,11 +197,14 @@ class TextArenaEnv:
 
     def step(self, action: str) -> StepResult:
         """Play one move (module docstring)."""
-        if self._game is None:
+        if self._game is None and self._table is None:
             raise RuntimeError("textarena env: call reset() before step()")
         info: dict[str, Any] = {"game": self.game_id, "invalid": False}
         if self._done:  # a step after the end: answered, never raised (the protocol's step is total)
             return StepResult("The episode is over.", 0.0, True, {**info, "invalid": True})
+        if self._table is not None:
+            info["role"] = self.role  # the rae estimator's baseline key, and GRPO's group per seat (hooks.py)
+            return self._table_step(action, info)
         state = self._state
         errors = getattr(state, "error_count", 0)
         problem = None
@@ -178,9 +231,13 @@ class TextArenaEnv:
                               {**info, "game_error": problem, "score": 0.0, "success": False})
         if not done:
             return StepResult(text, 0.0, False, info)
-        self._done = True
         with self._rng():
             rewards, _ = self._game.close()
+        return self._end(text, rewards, outcome, info)
+
+    def _end(self, text: str, rewards: Any, outcome: dict, info: dict[str, Any]) -> StepResult:
+        """The end of the game for the model's seat: TextArena's reward and reason."""
+        self._done = True
         value = (rewards or {}).get(self._own, 0.0)
         reward = float(value) if _is_number(value) else 0.0
         if not _is_number(value):  # 0.7.4: Countdown, Cryptarithm, Slitherlink, ThreeCardMonte swap reward and reason
@@ -192,7 +249,54 @@ class TextArenaEnv:
         return StepResult(text, reward, True, info)
 
     def close(self) -> None:
+        if self._table is not None and not self._done:  # a seat that leaves mid-game frees the other's wait
+            self._table.give_up(self._own)
+        self._leave()
         self._done = True
+
+    # ----------------------------------------------------------------------------------- self-play
+    @property
+    def role(self) -> str:
+        """The game and the seat (``TicTacToe-v0:seat1``)."""
+        return f"{self.game_id}:seat{self._own}"
+
+    def _leave(self) -> None:
+        if self._table is not None:
+            tables.leave(self._table_key, self._table)
+            self._table = None
+
+    def _wait_turn(self, what: str) -> None:
+        if not self._table.wait_turn(self._own, self.seat_timeout_s):
+            raise RuntimeError(
+                f"textarena env: seat {self._own} of a {self.game_id} game waited {self.seat_timeout_s:g}s for the "
+                f"other seat before {what}; opponent=self needs rollout.mode=episodes, rollout.n even (one episode "
+                f"per seat), and both seats of a game on one actor rank")
+
+    def _table_step(self, action: str, info: dict[str, Any]) -> StepResult:
+        """Self-play: play the move at the shared game, then wait for this seat's next turn or the end."""
+        table = self._table
+        invalid = False
+        if not table.over:  # else the game ended before this seat's move: its result, whatever the reply
+            try:
+                invalid = table.play(self._own, as_text(action))
+            except Exception as exc:  # noqa: BLE001  (a game's own bug on some text: this game ends, the run goes on)
+                self._done = True
+                why = games.first_line(exc)
+                return StepResult(f"[GAME] The game could not take this move ({why}). The game is over.", 0.0, True,
+                                  {**info, "invalid": True, "game_error": why, "score": 0.0, "success": False})
+            self._wait_turn("its next move")
+        state = table.state
+        outcome = state.game_info.get(self._own, {})
+        text = render(table.take(self._own), self._own, 2)
+        info["turn"] = int(state.turn)
+        if table.forfeit is not None:  # the other seat left the game
+            self._done = True
+            return StepResult(f"{text}\n[GAME] Player {table.forfeit} left the game. The game is over.".lstrip(),
+                              0.0, True, {**info, "forfeit_by": table.forfeit, "score": 0.0, "success": False})
+        info["invalid"] = invalid or bool(state.done and outcome.get("invalid_move"))
+        if not state.done:
+            return StepResult(text, 0.0, False, info)
+        return self._end(text, table.final_rewards(), outcome, info)
 
     # ----------------------------------------------------------------------------------- extras
     @property
@@ -250,6 +354,34 @@ class TextArenaEnv:
         return ORACLES[self.spec.cls](self._bare)
 
 
+SELF = "self"
+"""The policy plays both seats of a two-player game, each seat its own episode (:mod:`.tables`)."""
+
+
+def _check_timeout(seat_timeout_s: Any) -> None:
+    t = seat_timeout_s
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+        raise ValueError(f"seat_timeout_s={t!r}: must be a positive number of seconds")
+
+
+def _check_val_opponent(game: Any, config: Any, val_opponent: Any) -> None:
+    if val_opponent == SELF:
+        raise ValueError("val_opponent=self: validation plays a fixed opponent; choose " + ", ".join(OPPONENTS))
+    try:
+        games.check(game, config, quiet=True, opponent=val_opponent)
+    except ValueError as exc:  # the same line, about the key that holds the bad value
+        raise ValueError("val_" + str(exc) if str(exc).startswith("opponent=") else str(exc)) from None
+
+
+def _task_number(task_id: Any, seed: Any) -> int:
+    """The seed a game is dealt from: ``task_id``, else ``seed``, else a random one."""
+    for name, value in (("task_id", task_id), ("seed", seed)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise ValueError(f"textarena env: {name} must be an int, got {type(value).__name__} {value!r}")
+    chosen = task_id if task_id is not None else seed
+    return int(chosen) if chosen is not None else random.SystemRandom().randrange(2**31)
+
+
 def _kwargs_dataclass() -> type:
     """``env.kwargs``, checked before the run starts: the fields and defaults are the constructor's; building it
     checks the game id (unknown, multi-player, or not startable here) and its settings, in one line each."""
@@ -260,7 +392,10 @@ def _kwargs_dataclass() -> type:
     def __post_init__(self) -> None:
         _check_threshold(self.success_threshold)
         _check_seat(self.seat)
+        _check_timeout(self.seat_timeout_s)
         games.check(self.game, self.config, quiet=True, opponent=self.opponent)
+        if self.opponent == SELF:
+            _check_val_opponent(self.game, self.config, self.val_opponent)
 
     return dataclasses.make_dataclass("Kwargs", fields, namespace={"__post_init__": __post_init__})
 

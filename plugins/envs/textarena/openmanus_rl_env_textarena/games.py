@@ -64,7 +64,11 @@ def _show(value: Any) -> str:
 
 
 def _registry() -> dict[str, Any]:
-    from textarena.envs.registration import ENV_REGISTRY  # importing textarena registers every game
+    # The package's import registers every game; the registry module is whole before that ends, so envs built on
+    # threads (rollout.mode=episodes) would read it part-filled unless the package import comes first, once.
+    with _LOCK:
+        import textarena  # noqa: F401
+        from textarena.envs.registration import ENV_REGISTRY
 
     return ENV_REGISTRY
 
@@ -255,7 +259,7 @@ def _check(game_id: str, config: str, quiet: bool, opponent: str | None) -> Game
         with isolated():
             env.reset(num_players=2, seed=0)
             first = env.state.observations[env.state.current_player_id]
-        if not listed_moves([text for _, text, _ in first]):
+        if opponent != "self" and not listed_moves([text for _, text, _ in first]):  # self: the policy reads them
             raise ValueError(f"game={game_id}: its messages list no moves (no 'Available Moves: [...]' line), so "
                              f"opponent={opponent} cannot play it; two-player games that list them: "
                              + ", ".join(TWO_PLAYER_EXAMPLES))
@@ -271,9 +275,9 @@ def check(game: Any, config: Any = None, quiet: bool = False, opponent: Any = No
     one; an env built on a thread leaves them alone)."""
     from openmanus_rl_env_textarena.opponents import OPPONENTS
 
-    if opponent is not None and opponent not in OPPONENTS:
-        raise ValueError(f"opponent={_show(opponent)}: not an opponent; choose {', '.join(OPPONENTS)} (or null for a "
-                         "single-player game)")
+    if opponent is not None and opponent not in OPPONENTS and opponent != "self":
+        raise ValueError(f"opponent={_show(opponent)}: not an opponent; choose {', '.join(OPPONENTS)}, self (or null "
+                         "for a single-player game)")
     game, config = plain(game), plain(config)
     if config is None:
         config = {}

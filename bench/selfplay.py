@@ -1,0 +1,189 @@
+"""Benchmark: Kuhn Poker's exploitability over wall time, self-play against fixed opponents and a pool (issue 54).
+
+    python bench/selfplay.py [--seeds 0,1,2] [--minutes 20] [--rows rae,grpo,random,pool] [--out DIR]
+                             [hydra overrides ...]
+
+Each row is ``openmanus-rl train +experiment=kuhn_selfplay seed=<s>`` (docs/selfplay.md) with one change, run in a
+fresh process for ``--minutes`` of wall time (the run is given far more steps than it can play, then stopped with
+SIGTERM: it ends the step in progress, saves and exits):
+
+- **rae**: self-play, role-conditioned advantages (the preset as shipped);
+- **grpo**: self-play, plain GRPO (``algorithm.adv_estimator=grpo``; groups per seat);
+- **random**: against a uniformly random opponent only (``env.kwargs.opponent=random``; the policy's seat alternates
+  over the tasks);
+- **pool**: against the pool of the run's earlier policies (``env.kwargs.opponent=pool``: snapshots of the policy's
+  behaviour every ``env.kwargs.refresh_steps``, self-play before the first; ``env.kwargs.pool_dir=<run>/pool``).
+
+Every row validates every ``trainer.val_freq`` steps, logging ``val/exploitability`` (OpenSpiel's own, of the
+model's probabilities of each legal move). The script reads each run's ``metrics.jsonl`` (``val/exploitability``
+and ``time/elapsed_s``, the seconds since the run started, warm-up included), prints a table per row and seed (the
+untrained and warmed-up policy's exploitability, the last measured, the best, the minutes to reach 0.10, validations
+seen) with each row's mean
+over the seeds, and draws exploitability against minutes to ``<out>/selfplay.png``. ``--out`` keeps the run
+folders (default: ``outputs/bench_selfplay/<time>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROWS = {
+    "rae": ("self-play + RAE", []),
+    "grpo": ("self-play + GRPO", ["algorithm.adv_estimator=grpo"]),
+    "random": ("vs random only", ["env.kwargs.opponent=random"]),
+    "pool": ("vs the pool", ["env.kwargs.opponent=pool"]),
+}
+TARGET = 0.10  # the issue's goal: exploitability at most this within 20 minutes
+GRACE_S = 120  # after SIGTERM: the step in progress, the checkpoint, Ray's shutdown
+
+
+def run_row(row: str, seed: int, minutes: float, run_dir: Path, overrides: list[str]) -> float:
+    """One row's run for ``minutes`` of wall time, in a fresh process; its wall seconds."""
+    args = ["train", "+experiment=kuhn_selfplay", f"seed={seed}", "trainer.total_steps=100000",
+            "trainer.progress=false", f"trainer.run_dir={run_dir}", *ROWS[row][1], *overrides]
+    if row == "pool":  # the snapshots' folder, inside the run's
+        args.append(f"env.kwargs.pool_dir={run_dir / 'pool'}")
+    cmd = [sys.executable, "-m", "openmanus_rl_core.cli", *args]
+    print(f"  load {os.getloadavg()[0]:.1f}: {row} seed {seed}: {' '.join(args)}", flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(run_dir / "bench.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=minutes * 60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)  # the trainer's stop: the step in progress ends, then it saves
+            try:
+                proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    wall = time.perf_counter() - t0
+    if proc.returncode not in (0, -signal.SIGTERM, 128 + signal.SIGTERM) and not (run_dir / "metrics.jsonl").exists():
+        tail = (run_dir / "bench.log").read_text()[-3000:]
+        raise SystemExit(f"{row} seed {seed} failed ({proc.returncode}):\n{tail}")
+    print(f"  load {os.getloadavg()[0]:.1f}: done in {wall:.0f}s (exit {proc.returncode})", flush=True)
+    return wall
+
+
+def curve(run_dir: Path) -> list[tuple[float, int, float]]:
+    """(minutes since the run started, step, exploitability) of every validation in ``metrics.jsonl``. Step 0's
+    line holds two: the untrained policy's (``val/``, put at minute 0) and the warmed-up one's (``warmup/val/``, at
+    the line's time)."""
+    path = run_dir / "metrics.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line torn by the stop
+            continue
+        value, elapsed = row.get("val/exploitability"), row.get("time/elapsed_s")
+        if row.get("step") == 0:
+            if value is not None:
+                out.append((0.0, 0, float(value)))
+            value = row.get("warmup/val/exploitability")
+        if value is not None and elapsed is not None:
+            out.append((float(elapsed) / 60, int(row["step"]), float(value)))
+    return out
+
+
+def summary(points: list[tuple[float, int, float]]) -> dict:
+    reached = next((m for m, _, v in points if v <= TARGET), None)
+    return {"first": points[0][2] if points else None,
+            "warm": next((v for m, st, v in points if st == 0 and m > 0), None),
+            "last": points[-1][2] if points else None,
+            "best": min(v for _, _, v in points) if points else None, "to_target_min": reached,
+            "validations": len(points), "last_step": points[-1][1] if points else None,
+            "last_min": points[-1][0] if points else None}
+
+
+def fmt(value, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(results: dict[str, dict[int, list]]) -> str:
+    head = (f"| row | seed | untrained | warmed up | last | best | min to <= {TARGET:g} | validations | last step "
+            f"| at minute |\n|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for row, seeds in results.items():
+        sums = {seed: summary(points) for seed, points in seeds.items()}
+        for seed, s in sums.items():
+            lines.append(f"| {ROWS[row][0]} | {seed} | {fmt(s['first'])} | {fmt(s['warm'])} | {fmt(s['last'])} | "
+                         f"{fmt(s['best'])} | "
+                         f"{fmt(s['to_target_min'], '.1f')} | {s['validations']} | {fmt(s['last_step'], 'd')} | "
+                         f"{fmt(s['last_min'], '.1f')} |")
+        if len(sums) > 1:
+            lasts = [s["last"] for s in sums.values() if s["last"] is not None]
+            bests = [s["best"] for s in sums.values() if s["best"] is not None]
+            hits = sum(s["to_target_min"] is not None for s in sums.values())
+            lines.append(f"| {ROWS[row][0]} | mean | - | - | {fmt(statistics.mean(lasts) if lasts else None)} | "
+                         f"{fmt(statistics.mean(bests) if bests else None)} | {hits}/{len(sums)} seeds | - | - | - |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict[int, list]], path: Path) -> Path:
+    """Exploitability against minutes, one colour per row, one line per seed (matplotlib's Agg canvas)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    colours = dict(zip(ROWS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    for row, seeds in results.items():
+        for i, (seed, points) in enumerate(sorted(seeds.items())):
+            if points:
+                ax.plot([m for m, _, _ in points], [v for _, _, v in points], marker=".", color=colours[row],
+                        alpha=0.8, label=ROWS[row][0] if i == 0 else None)
+    ax.axhline(TARGET, color="grey", linestyle=":", label=f"target {TARGET:g}")
+    ax.set_xlabel("wall time (minutes, warm-up included)")
+    ax.set_ylabel("val/exploitability (kuhn_poker)")
+    ax.legend(loc="upper right")
+    fig.savefig(path, format="png", bbox_inches="tight")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--minutes", type=float, default=20.0, help="wall time of each run")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
+    parser.add_argument("--out", default=None, help="folder of the runs, the table and the plot")
+    parser.add_argument("overrides", nargs="*", help="hydra overrides for every run")
+    a = parser.parse_args(argv)
+    rows = [r.strip() for r in a.rows.split(",") if r.strip()]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        parser.error(f"--rows: unknown {', '.join(unknown)} (known: {', '.join(ROWS)})")
+    try:
+        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds={a.seeds}: comma-separated integers")
+    if not a.minutes > 0:
+        parser.error(f"--minutes={a.minutes}: must be positive")
+    out = Path(a.out or f"outputs/bench_selfplay/{time.strftime('%Y%m%d_%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[int, list]] = {}
+    for row in rows:  # each row and seed in its own process, one at a time (the machine's cores are shared)
+        for seed in seeds:
+            run_dir = out / f"{row}_seed{seed}"
+            run_row(row, seed, a.minutes, run_dir, a.overrides)
+            results.setdefault(row, {})[seed] = curve(run_dir)
+    text = table(results)
+    print(text)
+    (out / "selfplay.md").write_text(text + "\n")
+    (out / "selfplay.json").write_text(json.dumps({r: {str(s): p for s, p in v.items()} for r, v in results.items()}))
+    print(f"plot: {plot(results, out / 'selfplay.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
