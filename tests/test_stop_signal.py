@@ -275,6 +275,7 @@ def test_sigterm_during_a_slow_rollout_abandons_the_step_and_keeps_the_completed
     assert [r["step"] for r in after[len(rows):]] == [3, 4]
 
 
+@pytest.mark.ray  # the command starts a Ray of its own
 def test_a_stop_during_the_untrained_validation_is_exit_143_one_line_and_no_traceback(tmp_path, cli_env):
     """Every env step waits 20 s: the untrained validation (step 0, sampled: a greedy untrained model's empty reply
     would end its episodes before any step) is still playing when its first alive line ("validation: 2 tasks, 10s")
