@@ -279,6 +279,18 @@ def test_the_kl_reward_penalty_is_subtracted_before_the_advantages(ray_local, tm
 
 
 @pytest.mark.slow
+def test_a_reference_reset_makes_the_updated_policy_the_kl_reference(ray_local, tmp_path, monkeypatch):
+    """algorithm.ref_reset_steps=2: after step 2's update the reference becomes the policy, so step 3's KL is 0
+    where without the reset it is not (the test above: one update away from the reference, the KL is > 1e-3)."""
+    seen, record = _one_step(tmp_path, monkeypatch, ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=k1",
+                                                     "algorithm.entropy_coeff=0.01", "algorithm.ref_reset_steps=2"],
+                             steps=3)
+    b = seen["batch"]
+    assert float(((b["old_log_probs"] - b["ref_log_probs"]) * b["response_mask"]).abs().max()) == 0.0
+    assert record["actor/reward_kl"] == 0.0
+
+
+@pytest.mark.slow
 def test_auto_old_log_probs_are_recomputed_for_a_multi_epoch_update(ray_local, tmp_path, monkeypatch):
     # An entropy bonus moves the policy in the first epoch even where every advantage is 0.
     seen, record = _one_step(tmp_path, monkeypatch, ["actor.ppo_epochs=2", "algorithm.recompute_old_log_probs=auto",

@@ -96,6 +96,14 @@ def _rule_model_folders(c: Config) -> str | None:
     return None
 
 
+def _rule_ref_reset(c: Config) -> str | None:
+    a = c.algorithm
+    if a.ref_reset_steps is not None and not (a.use_kl_loss or a.use_kl_in_reward):
+        return (f"algorithm.ref_reset_steps={a.ref_reset_steps}: it moves the KL term's reference, and no KL term is "
+                f"on; set algorithm.use_kl_loss=true or use_kl_in_reward=true, or leave ref_reset_steps unset")
+    return None
+
+
 def _rule_agent(c: Config) -> str | None:
     g = c.agent
     if g.command and g.function:
@@ -105,4 +113,5 @@ def _rule_agent(c: Config) -> str | None:
 
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
 RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_correction,
-         _rule_replicate_precision, _rule_overlap_update, _rule_model_folders, _rule_agent)
+         _rule_replicate_precision, _rule_overlap_update, _rule_model_folders, _rule_ref_reset,
+         _rule_agent)

@@ -137,6 +137,10 @@ class AlgorithmConfig:
                             "use_kl_in_reward)")
     kl_loss_coef: float = opt(0.001, "KL loss coefficient", ge=0)
     kl_loss_type: str = opt("k3", "KL estimator of the loss term", choices=("k1", "k2", "k3", "abs"))
+    ref_reset_steps: Optional[int] = opt(None, "every this many steps the reference policy becomes the current one "
+                                         "(a reference reset: the KL term then anchors the policy where it was "
+                                         "lately, not where RL began; in self-play a moving anchor, on toward "
+                                         "equilibrium); null: never", ge=1)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
 
 

@@ -233,9 +233,14 @@ class ActorWorker(Worker):
         log-probs are the detached current ones). With ``use_kl_loss`` also ``ref_log_probs``.
 
         Per mini-batch: ``loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl``; gradients are clipped to
-        ``actor.grad_clip``; a non-finite loss or gradient norm (on any rank) skips the optimizer step.
+        ``actor.grad_clip``; a non-finite loss or gradient norm (on any rank) skips the optimizer step. At a step
+        that is a multiple of ``algorithm.ref_reset_steps`` the updated policy then becomes the reference.
         """
-        return self._update_loop(batch, step, self._policy_loss(), "actor/loss")
+        metrics = self._update_loop(batch, step, self._policy_loss(), "actor/loss")
+        every = self.cfg.algorithm.ref_reset_steps
+        if every is not None and step % every == 0:
+            self.reset_reference()
+        return metrics
 
     def accumulate(self, batch: Batch) -> float:
         """``rollout.overlap_update``: the policy gradient of one chunk of the step's batch (keys as :meth:`update`),
@@ -321,6 +326,10 @@ class ActorWorker(Worker):
         """RL starts from here: the warm-up's optimizer goes, and the reference policy becomes the warmed-up one
         (a KL term then holds RL near what the demonstrations taught, not near the untrained model)."""
         self.warm_optimizer = None
+        self.reset_reference()
+
+    def reset_reference(self) -> None:
+        """The reference policy becomes the current one (``algorithm.ref_reset_steps``; a teacher stays)."""
         if self.ref is not None and not self.teacher:
             with torch.no_grad():
                 for r, p in zip(self.ref.parameters(), self.model.parameters(), strict=True):
