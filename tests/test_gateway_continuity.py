@@ -135,7 +135,8 @@ def test_a_5_turn_tool_episode_under_qwen3s_template_is_one_sample_of_exactly_th
     assert "I should search for part 0" in gw.tok.decode(gw.engine_prompts[-1])
 
 
-def test_with_its_history_trimmed_mid_episode_it_is_two_segments_the_calls_before_the_break_one_sample(tok):
+def test_with_its_history_trimmed_mid_episode_it_is_two_segments_the_calls_before_the_break_one_sample(tok,
+                                                                                                  tmp_path):
     gw = Gateway(_qwen3(tok), REPLIES)
     _play(gw, trim_at=3)
     calls = gw.record.calls
@@ -163,6 +164,14 @@ def test_with_its_history_trimmed_mid_episode_it_is_two_segments_the_calls_befor
                  zip(batch.tensors["responses"], batch.tensors["response_mask"])]
     assert generated == [sum(gw.generated[:3], []), sum(gw.generated[3:], [])]
     assert list(batch.non_tensors["uid"]) == [f"{ep.uid}:0", f"{ep.uid}:1"]
+    # a rollout dump names each segment's sample by its first turn
+    import pyarrow.parquet as pq
+
+    from openmanus_rl_core.run.dumps import write_dump
+
+    batch.non_tensors["group_ids"] = ["g"] * len(batch)
+    path, _ = write_dump(tmp_path, 1, batch, "f" * 64)
+    assert pq.read_table(path, columns=["turn"]).column("turn").to_pylist() == [0, 3]
 
 
 def test_a_reply_sent_back_edited_or_other_tools_start_a_new_segment(tok):

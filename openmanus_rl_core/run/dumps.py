@@ -7,7 +7,8 @@ turn of it with a per-turn memory). Columns:
   order: ``data.train_files``, or the generated ``<run>/data/train.parquet``), ``seed`` (the task row's),
   ``data_source``, ``source`` (a mix's source), ``role`` (the trajectory's
   ``info["role"]``: a game's seat), ``group_id``, ``episode_id``,
-  ``uid`` (the sample), ``sample`` (its index within its group), ``turn`` (-1: the whole episode);
+  ``uid`` (the sample), ``sample`` (its index within its group), ``turn`` (the sample's first turn: one turn with
+  a per-turn memory, a segment's first with an agent's segments; -1: the whole episode);
 - the tokens and every tensor the update read, each row as wide as the batch: ``input_ids``, ``attention_mask``,
   ``position_ids``, ``responses``, ``response_mask``, ``rollout_log_probs`` (the behaviour policy's, from the
   engine), ``old_log_probs`` and ``ref_log_probs`` (where the step had them), ``token_level_scores``,
@@ -86,7 +87,10 @@ def _columns(batch: Any, step: int) -> dict[str, Any]:
         if ep not in members:
             members.append(ep)
         sample.append(members.index(ep))
-    turn = [int(u.rsplit(":", 1)[1]) if "episode_ids" in nt else -1 for u in nt["uid"]]
+    turn = [-1] * B  # a sample of turns (per-turn memory, an agent's segment): its first turn, as step_ids hold it
+    if "episode_ids" in nt:
+        ids = batch["step_ids"].masked_fill(batch["step_ids"] < 0, 1 << 62)
+        turn = [-1 if t == 1 << 62 else t for t in ids.min(dim=1).values.tolist()]
     cols: dict[str, Any] = {
         "step": [int(step)] * B, "row": list(range(B)), "task_id": list(nt["task_id"]),
         "task_row": [None if v is None else int(v) for v in nt.get("task_row", [None] * B)],
