@@ -12,7 +12,7 @@ SIGTERM: it ends the step in progress, saves and exits):
 - **random**: against a uniformly random opponent only (``env.kwargs.opponent=random``; the policy's seat alternates
   over the tasks);
 - **pool**: against the pool of the run's earlier policies (``env.kwargs.opponent=pool``: snapshots of the policy's
-  behaviour every ``env.kwargs.refresh_steps``, self-play before the first; ``env.kwargs.pool_dir=<run>/pool``).
+  behaviour every ``env.kwargs.refresh_steps``, self-play before the first; kept in ``<run>/pool`` and in the checkpoints).
 
 Every row validates every ``trainer.val_freq`` steps, logging ``val/exploitability`` (OpenSpiel's own, of the
 model's probabilities of each legal move). The script reads each run's ``metrics.jsonl`` (``val/exploitability``
@@ -49,8 +49,6 @@ def run_row(row: str, seed: int, minutes: float, run_dir: Path, overrides: list[
     """One row's run for ``minutes`` of wall time, in a fresh process; its wall seconds."""
     args = ["train", "+experiment=kuhn_selfplay", f"seed={seed}", "trainer.total_steps=100000",
             "trainer.progress=false", f"trainer.run_dir={run_dir}", *ROWS[row][1], *overrides]
-    if row == "pool":  # the snapshots' folder, inside the run's
-        args.append(f"env.kwargs.pool_dir={run_dir / 'pool'}")
     cmd = [sys.executable, "-m", "openmanus_rl_core.cli", *args]
     print(f"  load {os.getloadavg()[0]:.1f}: {row} seed {seed}: {' '.join(args)}", flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)

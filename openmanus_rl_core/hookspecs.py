@@ -71,5 +71,24 @@ def openmanus_rl_policy_metrics(cfg: Any, policy: Any) -> dict[str, float] | Non
 
 
 @hookspec
+def openmanus_rl_checkpoint_save(cfg: Any, run_dir: str, step: int) -> dict[str, Any] | None:
+    """State this plugin keeps in every training checkpoint, so that a run resumed from it (or sent back to it after
+    a worker failure) finds that state as it was at ``step``: e.g. files the plugin wrote during training.
+
+    Called on the driver as the checkpoint of ``step`` is written, with the run's typed config and its folder.
+    Return ``{key: value}`` with a key naming this plugin (two plugins returning one key is an error), values a
+    checkpoint can hold (tensors, dicts, lists, numbers, strings, bytes), or None. Every plugin's entries are saved
+    together as the checkpoint's ``plugins`` entry, checked like the rest of it on load."""
+
+
+@hookspec
+def openmanus_rl_checkpoint_restore(cfg: Any, run_dir: str, step: int, state: dict[str, Any]) -> None:
+    """Put back what :func:`openmanus_rl_checkpoint_save` kept: called on the driver when a run resumes from the
+    checkpoint of ``step`` (and when it goes back to one after a worker failure), before its next step is played,
+    with every plugin's entries as saved (``{}`` for a checkpoint that holds none). ``run_dir`` is the resuming run's
+    folder, which need not be the one the checkpoint was written in."""
+
+
+@hookspec
 def openmanus_rl_run_end(run_dir: str, metrics: dict[str, float]) -> None:
     """Called once after the last step with the final metrics, also when the run failed part way."""

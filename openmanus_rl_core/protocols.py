@@ -92,7 +92,8 @@ class Env(Protocol):
       text (a task given by content: a dataset row's ``observation``, e.g. the first user turn of an OpenManus-RL
       demonstration). The rollout calls it instead of ``reset`` when the task row has an ``observation``.
     - ``serve(**kwargs) -> EnvService`` on the env's entry point (class or factory), for envs behind servers (a
-      ``serve`` that declares ``at_once`` is told the most episodes the command plays at once): see
+      ``serve`` that declares ``at_once`` is told the most episodes the command plays at once, one that declares
+      ``run_dir`` the training run's folder): see
       :mod:`openmanus_rl_core.plugin.envs`.
     - ``check_run(kwargs, cfg) -> None`` on the env's entry point: rules across config sections, checked with a
       training run's config before anything starts (``kwargs``: ``env.kwargs``; ``cfg``: the typed config); a ``ValueError`` whose

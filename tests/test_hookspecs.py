@@ -80,3 +80,44 @@ def test_config_dirs_from_plugins_reach_the_search_path(tmp_path):
     pm = make_plugin_manager(load_entry_points=False)
     pm.register(Recorder())
     assert plugin_config_dirs(pm) == ["file:///tmp/recorder-configs"]
+
+
+class Keeper:
+    """A plugin that keeps a counter in every checkpoint and gets it back on resume."""
+
+    def __init__(self, key="keeper"):
+        self.key, self.count, self.restored = key, 0, []
+
+    @hookimpl
+    def openmanus_rl_checkpoint_save(self, cfg, run_dir, step):
+        return {self.key: {"count": self.count, "blob": b"\x00\x01"}}
+
+    @hookimpl
+    def openmanus_rl_checkpoint_restore(self, cfg, run_dir, step, state):
+        self.restored.append((step, state.get(self.key)))
+
+
+def test_checkpoint_hooks_keep_a_plugins_state_in_the_checkpoint_and_give_it_back(tmp_path):
+    """What the save hook returns is written with the checkpoint (as its ``plugins`` entry, read back with
+    weights_only) and handed to the restore hook; two plugins keeping one key is an error naming it."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from openmanus_rl_core.checkpoint.store import CheckpointError, load_checkpoint, save_checkpoint
+    from openmanus_rl_core.run.state import plugin_states
+
+    pm = make_plugin_manager(load_entry_points=False)
+    keeper = Keeper()
+    keeper.count = 7
+    pm.register(keeper)
+    trainer = SimpleNamespace(pm=pm, cfg={}, run_dir=tmp_path)
+    assert pm.hook.openmanus_rl_checkpoint_save(cfg={}, run_dir=str(tmp_path), step=3) == [
+        {"keeper": {"count": 7, "blob": b"\x00\x01"}}]
+    save_checkpoint(tmp_path, 3, {"plugins": plugin_states(trainer, 3)})
+    state = load_checkpoint(tmp_path)["plugins"]
+    pm.hook.openmanus_rl_checkpoint_restore(cfg={}, run_dir=str(tmp_path), step=3, state=state)
+    assert keeper.restored == [(3, {"count": 7, "blob": b"\x00\x01"})]
+    pm.register(Keeper())
+    with pytest.raises(CheckpointError, match="two plugins keep an entry 'keeper' in the checkpoint of step 3"):
+        plugin_states(trainer, 3)

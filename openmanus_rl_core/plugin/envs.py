@@ -11,7 +11,9 @@ A ``serve`` that declares an ``at_once`` parameter is also told the most episode
 env each), to size its servers: for ``train`` the larger of a step's and a validation's
 (:func:`openmanus_rl_core.run.setup.train_at_once`),
 for ``rollout`` its tasks times ``rollout.n`` (at most ``rollout.batch_size``), for ``eval`` its tasks, for
-``data verify`` 1.
+``data verify`` 1. One that declares a ``run_dir`` parameter is told the training run's folder (None for the other
+commands), for files the env keeps with the run (they go into its checkpoints through the
+``openmanus_rl_checkpoint_save`` hook).
 
 :class:`EnvUnavailableError` is the one error for "this env cannot be used at all" (its server is down, or every
 episode of several steps failed on it); the command line prints its message on one line and exits with status 1.
@@ -47,17 +49,20 @@ class EnvService:
         self.stop()
 
 
-def open_env_service(name: str, factory: Any, kwargs: Mapping[str, Any], at_once: int | None = None) -> EnvService:
+def open_env_service(name: str, factory: Any, kwargs: Mapping[str, Any], at_once: int | None = None,
+                     run_dir: Any = None) -> EnvService:
     """``factory.serve(**kwargs)`` when the env has one (it raises :class:`EnvUnavailableError` when the env's
     servers cannot be reached or started), else the kwargs unchanged. ``name`` labels messages; ``at_once``: the
-    most episodes the command plays at once, given to a ``serve`` that declares an ``at_once`` parameter."""
+    most episodes the command plays at once, and ``run_dir``: the training run's folder, each given to a ``serve``
+    that declares a parameter of that name."""
     import inspect
 
     serve = getattr(factory, "serve", None)
     if not callable(serve):
         return EnvService(dict(kwargs))
-    told = at_once is not None and "at_once" in inspect.signature(serve).parameters
-    service = serve(**dict(kwargs), **({"at_once": int(at_once)} if told else {}))
+    declared = inspect.signature(serve).parameters
+    told = {"at_once": None if at_once is None else int(at_once), "run_dir": None if run_dir is None else str(run_dir)}
+    service = serve(**dict(kwargs), **{k: v for k, v in told.items() if v is not None and k in declared})
     if not isinstance(service, EnvService):
         raise TypeError(f"env {name!r}: serve() returned {type(service).__name__}, not an EnvService")
     return service

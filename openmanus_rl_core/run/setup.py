@@ -101,7 +101,7 @@ def setup(trainer: Any) -> None:
     # The env's servers: checked (or started, by this process only) before any model or tokenizer is built.
     # Every env, here and in the workers, is built from the kwargs the service hands back (servers by URL).
     trainer.env_service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs,
-                                           at_once=train_at_once(cfg))
+                                           at_once=train_at_once(cfg), run_dir=trainer.run_dir)
     cfg.env.kwargs = trainer.env_service.kwargs
     trainer.env_errors = EnvErrorWatch(cfg.trainer.max_env_error_steps, trainer.env_service.check)
 

@@ -14,7 +14,7 @@ from openmanus_rl_core.rewards.callables import RECORD_KEY, record
 
 def save(trainer: Any, step: int) -> Path:
     """A checkpoint of ``trainer`` after ``step``: workers' weights, optimizers and RNGs, the sampler, the stream's
-    groups in flight, and the run's config; returns its folder."""
+    groups in flight, what the hook plugins keep (:func:`plugin_states`), and the run's config; returns its folder."""
     from openmanus_rl_core.checkpoint.rng import capture_rng_state
     from openmanus_rl_core.checkpoint.store import save_checkpoint
 
@@ -37,6 +37,9 @@ def save(trainer: Any, step: int) -> Path:
         state["ref_model"] = actor_states[0]["ref_model"]
     if trainer.stream is not None:
         state["stream"] = trainer.stream.state_dict()
+    plugins = plugin_states(trainer, step)
+    if plugins:
+        state["plugins"] = plugins
     if trainer.critic is not None:
         critic_states = trainer.critic.call("get_state")
         state["critic"] = {"model": critic_states[0]["model"], "optimizer": critic_states[0]["optimizer"],
@@ -47,9 +50,26 @@ def save(trainer: Any, step: int) -> Path:
     return path
 
 
+def plugin_states(trainer: Any, step: int) -> dict[str, Any]:
+    """What the hook plugins keep in the checkpoint of ``step`` (``openmanus_rl_checkpoint_save``), merged:
+    ``{key: value}``; a key two plugins return is an error naming it."""
+    from openmanus_rl_core.checkpoint.store import CheckpointError
+
+    merged: dict[str, Any] = {}
+    for entries in trainer.pm.hook.openmanus_rl_checkpoint_save(cfg=trainer.cfg, run_dir=str(trainer.run_dir),
+                                                                step=int(step)):
+        for key, value in (entries or {}).items():
+            if key in merged:
+                raise CheckpointError(f"openmanus_rl_checkpoint_save: two plugins keep an entry {key!r} in the "
+                                      f"checkpoint of step {int(step)}; each plugin needs a key of its own (e.g. "
+                                      f"its distribution's name)")
+            merged[key] = value
+    return merged
+
+
 def restore(trainer: Any, path: Path, state: dict | None = None) -> int:
-    """Load the checkpoint's state (``state``, when already read from ``path``) into the workers and the
-    driver; returns its step."""
+    """Load the checkpoint's state (``state``, when already read from ``path``) into the workers, the driver and
+    the hook plugins (``openmanus_rl_checkpoint_restore``); returns its step."""
     from openmanus_rl_core.checkpoint.rng import restore_rng_state
     from openmanus_rl_core.checkpoint.store import load_checkpoint
 
@@ -62,6 +82,8 @@ def restore(trainer: Any, path: Path, state: dict | None = None) -> int:
     restore_rng_state(state["rng"]["driver"])
     trainer.policy_version = int(t.get("policy_version", t["step"]))
     trainer._stream_state = state.get("stream")
+    trainer.pm.hook.openmanus_rl_checkpoint_restore(cfg=trainer.cfg, run_dir=str(trainer.run_dir), step=int(t["step"]),
+                                                    state=dict(state.get("plugins") or {}))
     # Every rollout tags its tokens with the engine's policy version (the stream's staleness, the rollout dumps).
     trainer.actor.call("sync_rollout_weights", version=trainer.policy_version)
     return int(t["step"])

@@ -89,7 +89,7 @@ class OpenSpielEnv:
     ``instruction`` (None: :data:`INSTRUCTION` filled in for the game), ``val_opponent`` (with ``opponent=self``:
     the opponent of the validation tasks and of single episodes), ``seat_timeout_s`` (with ``opponent=self``: how
     long a seat waits for the other seats of its game); with ``opponent=pool`` (:mod:`.pool`): ``pool_dir`` (the
-    folder of the snapshots), ``pool_size`` (the last snapshots drawn from) and ``refresh_steps`` (steps between
+    folder of the snapshots; None in a training run: ``<run_dir>/pool``), ``pool_size`` (the last snapshots drawn from) and ``refresh_steps`` (steps between
     snapshots).
     """
 
@@ -137,11 +137,14 @@ class OpenSpielEnv:
         return state
 
     @staticmethod
-    def serve(**kwargs: Any) -> Any:
-        """The kwargs every env of the run is built with: ``pool_dir`` made absolute, so the workers (whatever their
-        working folder) find the pool's snapshots where the driver writes them."""
+    def serve(run_dir: Optional[str] = None, **kwargs: Any) -> Any:
+        """The kwargs every env of the run is built with: with ``opponent=pool``, ``pool_dir`` (null: the training
+        run's ``<run_dir>/pool``) made absolute, so the workers (whatever their working folder) find the pool's
+        snapshots where the driver writes them."""
         from openmanus_rl_core.plugin.envs import EnvService
 
+        if kwargs.get("opponent") == pool.POOL and not kwargs.get("pool_dir") and run_dir is not None:
+            kwargs["pool_dir"] = str(pool.default_dir(run_dir))
         if kwargs.get("pool_dir"):
             kwargs["pool_dir"] = str(Path(kwargs["pool_dir"]).expanduser().resolve())
         return EnvService(kwargs)
@@ -185,7 +188,7 @@ class OpenSpielEnv:
         self._begin(chosen, int(index) % self.players)
         self._table_key = (self.game_string, task["group_id"], int(index) // self.players, task.get("task_id"),
                            task.get("seed"))
-        self._table = tables.join(self._table_key, lambda: tables.Table(self.game, chosen))
+        self._table = tables.TABLES.join(self._table_key, lambda: tables.Table(self.game, chosen))
         self.state = self._table.state
         self._wait_turn("its first move")
         self._over = False
@@ -254,14 +257,14 @@ class OpenSpielEnv:
         if self._table is not None:
             if not self._over and not self._table.over:  # a seat that leaves mid-game frees the others' waits
                 self._table.give_up(self.own)
-            tables.leave(self._table_key, self._table, self.players)
+            tables.TABLES.leave(self._table_key, self._table, self.players)
             self._table = None
         self.state = None
 
     # ----------------------------------------------------------------------------------- extras
     def _begin(self, chosen: int, seat: int) -> None:
         if self._table is not None:  # a new episode on an env that still sits at a table
-            tables.leave(self._table_key, self._table, self.players)
+            tables.TABLES.leave(self._table_key, self._table, self.players)
             self._table = None
         self.own = seat
         self._chance = random.Random(chosen)

@@ -2,7 +2,8 @@
 as its role (self-play: GRPO groups per seat); and, for a run on a game whose tree is small enough to walk
 (:data:`~openmanus_rl_env_openspiel.exploitability.TRACTABLE_GAMES`), measures the policy's exploitability and
 NashConv at every validation and in ``openmanus-rl eval`` (``val/exploitability``, ``val/nash_conv``); with
-``opponent=pool``, keeps the policy scored at a refresh step's validation as the pool's next snapshot (:mod:`.pool`)."""
+``opponent=pool``, keeps the policy scored at a refresh step's validation as the pool's next snapshot, and the
+pool's snapshots in every checkpoint, put back when a run resumes from it (:mod:`.pool`)."""
 
 from __future__ import annotations
 
@@ -62,11 +63,46 @@ def openmanus_rl_policy_metrics(cfg: Any, policy: Any) -> dict[str, float] | Non
     except LookupError:  # a served model: nothing here scores replies
         return None
     step = _TRAINING.get("step")
-    if env.league and step is not None and step % env.refresh_steps == 0:  # the pool's next member (pool.py)
+    if env.league and env.pool_dir is not None and step is not None and step % env.refresh_steps == 0:  # pool.py
         pool.write_snapshot(env.pool_dir, step, env.game_string, table)
     if env.players != 2:  # exploitability is defined for two-player zero-sum games; NashConv for any
         values.pop("exploitability")
     return values
+
+
+CHECKPOINT_KEY = "openspiel_pool"
+"""The pool's entry in a checkpoint's ``plugins`` state: ``{"snapshots": {step: the snapshot file's bytes}}``."""
+
+
+def _pool_dir(cfg: Any) -> Path | None:
+    """The pool's folder of a training run with ``opponent=pool`` (its env kwargs as the env service gave them:
+    ``pool_dir`` absolute), else None."""
+    if str(cfg.env.name).rsplit(":", 1)[-1] != "openspiel":
+        return None
+    kwargs = _plain(cfg.env.kwargs)
+    if kwargs.get("opponent") != pool.POOL or not kwargs.get("pool_dir"):
+        return None
+    return Path(kwargs["pool_dir"])
+
+
+@hookimpl
+def openmanus_rl_checkpoint_save(cfg: Any, run_dir: str, step: int) -> dict | None:
+    """The pool's snapshots taken up to ``step``, byte for byte, in the checkpoint of ``step``."""
+    folder = _pool_dir(cfg)
+    return None if folder is None else {CHECKPOINT_KEY: {"snapshots": pool.saved(folder, step)}}
+
+
+@hookimpl
+def openmanus_rl_checkpoint_restore(cfg: Any, run_dir: str, step: int, state: dict) -> None:
+    """The pool's folder made to hold exactly the checkpoint's snapshots (a resumed run draws what an uninterrupted
+    one does); a checkpoint without them (of a run that had no pool) leaves the folder as it is."""
+    folder = _pool_dir(cfg)
+    if folder is None or CHECKPOINT_KEY not in state:
+        return
+    written, removed = pool.put_back(folder, state[CHECKPOINT_KEY]["snapshots"])
+    if written or removed:
+        print(f"openspiel: the pool in {folder} put back to the checkpoint of step {step}: snapshots "
+              f"{written or 'none'} written again, {removed or 'none'} (after the checkpoint) removed", flush=True)
 
 
 HEADER = re.compile(r"\AGame: (.+)\. You are player (\d+) of \d+\.$", re.MULTILINE)

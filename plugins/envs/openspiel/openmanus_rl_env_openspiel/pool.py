@@ -4,16 +4,19 @@ A pool member is a frozen copy of the policy's *behaviour*, not of its weights: 
 multiple of ``refresh_steps``, the driver already scores every legal action at every information state of the game
 for the exploitability (:class:`~openmanus_rl_env_openspiel.exploitability.ModelPolicy`); that table of
 ``pi(a | s)`` is written to ``<pool_dir>/step_<S>.json`` (a *snapshot*; ``env.kwargs.pool_dir``, a folder the driver
-and the workers share, best inside the run's folder). A pool seat samples its move from the
-newest snapshot's probabilities at its information state, so it needs no model and no engine: the games whose
+and the workers share: by default ``<run_dir>/pool``, :func:`default_dir`). A pool seat samples its move from a
+snapshot's probabilities at its information state, so it needs no model and no engine: the games whose
 information states can be enumerated (:data:`POOL_GAMES`) are supported, any other is refused in one line.
 
 Which snapshot plays: an episode of training step ``t`` (read from the rollout's group id ``<t>:<i>``) draws, from a
 generator seeded by the task, ``t // refresh_steps`` and the seat, one of the last ``pool_size`` snapshots taken
 before step ``t``. A snapshot of step ``S`` is only drawn from step ``S + 1`` on, so a run resumed from its
-checkpoint at step ``C`` draws what an uninterrupted run does: the snapshots of steps after ``C`` that an earlier
-attempt left are never read before the resumed run has written them again. A resume keeps ``pool_dir`` (the run's
-recorded settings) and finds the snapshots there.
+checkpoint at step ``C`` draws what an uninterrupted run does.
+
+The pool lives in the checkpoint: every checkpoint of step ``C`` holds the bytes of the snapshots taken up to ``C``
+(:func:`saved`, through the ``openmanus_rl_checkpoint_save`` hook), and a run resumed from it puts the folder back
+to exactly those (:func:`put_back`): a snapshot missing or altered since is written again, and the snapshots of
+steps after ``C`` that a killed attempt left are removed (the resumed run takes them again, at the same steps).
 
 Before the first snapshot the pool's seats are ``self`` seats (every seat the policy, as ``opponent=self``); the
 process says so once.
@@ -29,8 +32,8 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["POOL", "POOL_GAMES", "PoolOpponent", "check", "check_run", "write_snapshot", "snapshots", "choose",
-           "training_step", "load"]
+__all__ = ["POOL", "POOL_GAMES", "PoolOpponent", "check", "check_run", "default_dir", "write_snapshot", "snapshots",
+           "choose", "training_step", "load", "saved", "put_back"]
 
 POOL = "pool"
 
@@ -40,7 +43,7 @@ POOL_GAMES = ("kuhn_poker", "leduc_poker")
 _FILE = re.compile(r"^step_(\d+)\.json$")
 _STEP = re.compile(r"^(\d+):\d+$")  # the batch rollout's group ids: "<step>:<row>"
 _SAID = threading.Event()
-_CACHE: dict[Path, tuple[float, dict]] = {}
+_CACHE: dict[Path, tuple[tuple[int, int], dict]] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -59,11 +62,15 @@ def check(game_string: str, pool_size: Any, refresh_steps: Any) -> None:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
 
 
+def default_dir(run_dir: str | Path) -> Path:
+    """Where a training run keeps its pool when ``env.kwargs.pool_dir`` is null: ``<run_dir>/pool``."""
+    return Path(run_dir) / "pool"
+
+
 def check_run(kwargs: Mapping[str, Any], cfg: Any) -> None:
     """The pool's needs of a training run (ValueError naming the key): a snapshot is taken where the driver scores
     the policy, at a validation, so ``refresh_steps`` is a multiple of ``trainer.val_freq``; the batch rollout
-    (its group ids carry the step a snapshot is drawn by); ``pool_dir``, the folder the driver writes the snapshots
-    to and the workers read them from."""
+    (its group ids carry the step a snapshot is drawn by)."""
     val_freq = cfg.trainer.val_freq
     refresh = kwargs.get("refresh_steps")
     if not val_freq or refresh % val_freq:
@@ -72,9 +79,6 @@ def check_run(kwargs: Mapping[str, Any], cfg: Any) -> None:
     if cfg.rollout.max_staleness is not None:
         raise ValueError(f"rollout.max_staleness={cfg.rollout.max_staleness}: opponent=pool draws its snapshot by "
                          f"the training step, which the group stream's episodes do not have; use null")
-    if not kwargs.get("pool_dir"):
-        raise ValueError("env.kwargs.pool_dir=None: opponent=pool keeps its snapshots in a folder the driver and the "
-                         "workers share; set it (e.g. env.kwargs.pool_dir=<trainer.run_dir>/pool)")
 
 
 def write_snapshot(pool_dir: str | Path, step: int, game_string: str,
@@ -120,7 +124,8 @@ def choose(pool_dir: str | Path, step: int, task: int, seat: int, pool_size: int
 def load(pool_dir: str | Path, step: int) -> dict[tuple[int, str], dict[int, float]]:
     """Snapshot ``step``'s table (read once per process while the file is unchanged)."""
     path = Path(pool_dir) / f"step_{int(step)}.json"
-    mtime = path.stat().st_mtime
+    info = path.stat()
+    mtime = (info.st_mtime_ns, info.st_size)  # a snapshot put back by a resume is a new file: read again
     with _CACHE_LOCK:
         hit = _CACHE.get(path)
         if hit is not None and hit[0] == mtime:
@@ -131,6 +136,33 @@ def load(pool_dir: str | Path, step: int) -> dict[tuple[int, str], dict[int, flo
     with _CACHE_LOCK:
         _CACHE[path] = (mtime, table)
     return table
+
+
+def saved(pool_dir: str | Path, step: int) -> dict[int, bytes]:
+    """``{snapshot step: its file's bytes}`` of the snapshots taken up to ``step``: what a checkpoint of ``step``
+    keeps of the pool."""
+    return {s: (Path(pool_dir) / f"step_{s}.json").read_bytes() for s in snapshots(pool_dir) if s <= step}
+
+
+def put_back(pool_dir: str | Path, kept: Mapping[int, bytes]) -> tuple[list[int], list[int]]:
+    """Make ``pool_dir`` hold exactly the snapshots ``kept`` (a checkpoint's :func:`saved`), byte for byte:
+    ``(written, removed)``, the steps of the snapshots written again (missing, or not those bytes) and of those
+    removed (not in the checkpoint: a later step's, left by the attempt that was killed)."""
+    folder = Path(pool_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for step, body in sorted(kept.items()):
+        path = folder / f"step_{int(step)}.json"
+        if path.is_file() and path.read_bytes() == body:
+            continue
+        tmp = folder / f".step_{int(step)}.json.{os.getpid()}.tmp"
+        tmp.write_bytes(body)
+        os.replace(tmp, path)
+        written.append(int(step))
+    removed = [s for s in snapshots(folder) if s not in kept]
+    for step in removed:
+        (folder / f"step_{step}.json").unlink()
+    return written, removed
 
 
 def say_once(step: int) -> None:

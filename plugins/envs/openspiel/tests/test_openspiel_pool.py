@@ -133,19 +133,63 @@ def test_a_validation_at_a_refresh_step_keeps_the_scored_policy_and_eval_keeps_n
     ("env.kwargs.game=tic_tac_toe env.kwargs.max_turns=5", r"^env\.kwargs\.opponent=pool: tic_tac_toe: a pool seat "
                                                            r"plays a stored table"),
     ("env.kwargs.pool_size=0", r"^env\.kwargs\.pool_size=0: must be a positive integer"),
-    ("env.kwargs.pool_dir=RUN env.kwargs.refresh_steps=10", r"^env\.kwargs\.refresh_steps=10: opponent=pool takes its "
-                                                        r"snapshots at validations, so it must be a multiple of "
-                                                        r"trainer\.val_freq \(25\)"),
-    ("", r"^env\.kwargs\.pool_dir=None: opponent=pool keeps its snapshots in a folder"),
+    ("env.kwargs.refresh_steps=10", r"^env\.kwargs\.refresh_steps=10: opponent=pool takes its snapshots at "
+                                    r"validations, so it must be a multiple of trainer\.val_freq \(25\)"),
 ])
 def test_bad_pool_settings_are_one_line(override, line, tmp_path):
     args = ["+experiment=kuhn_selfplay", "env.kwargs.opponent=pool",
-            *override.replace("RUN", str(tmp_path)).replace("env.kwargs.max_turns", "env.max_turns").split()]
+            *override.replace("env.kwargs.max_turns", "env.max_turns").split()]
     with pytest.raises(ConfigError, match=line) as err:
         load(args, training=True)
     assert "\n" not in str(err.value)
-    cfg = load(["+experiment=kuhn_selfplay", "env.kwargs.opponent=pool", f"env.kwargs.pool_dir={tmp_path}"],
-               training=True)
-    assert cfg.env.kwargs["pool_dir"] == str(tmp_path)
-    assert OpenSpielEnv.serve(**{**cfg.env.kwargs, "pool_dir": "rel/pool"}).kwargs["pool_dir"] == str(
-        (Path.cwd() / "rel/pool").resolve())  # the workers find it whatever their working folder
+
+
+def test_the_pool_lives_in_the_run_folder_unless_pool_dir_is_set(tmp_path):
+    """Nothing to set: the env service puts the pool under the training run's folder; a pool_dir given is kept,
+    made absolute (the workers find it whatever their working folder); no run (eval, rollout): no folder."""
+    from openmanus_rl_core.plugin.envs import open_env_service
+
+    cfg = load(["+experiment=kuhn_selfplay", "env.kwargs.opponent=pool"], training=True)
+    assert cfg.env.kwargs["pool_dir"] is None
+    served = open_env_service("openspiel", OpenSpielEnv, cfg.env.kwargs, at_once=8, run_dir=tmp_path / "run")
+    assert served.kwargs["pool_dir"] == str((tmp_path / "run" / "pool").resolve())
+    assert open_env_service("openspiel", OpenSpielEnv, cfg.env.kwargs).kwargs["pool_dir"] is None
+    given = load(["+experiment=kuhn_selfplay", "env.kwargs.opponent=pool", "env.kwargs.pool_dir=rel/pool"],
+                 training=True)
+    assert open_env_service("openspiel", OpenSpielEnv, given.env.kwargs, run_dir=tmp_path).kwargs["pool_dir"] == str(
+        (Path.cwd() / "rel/pool").resolve())
+    self_play = load(["+experiment=kuhn_selfplay"], training=True)  # no pool: no folder
+    assert open_env_service("openspiel", OpenSpielEnv, self_play.env.kwargs, run_dir=tmp_path).kwargs["pool_dir"] is None
+
+
+def test_a_checkpoint_keeps_the_pool_and_a_resume_puts_exactly_that_back(tmp_path):
+    """The checkpoint of step C holds the bytes of the snapshots up to C (the hook plugin's entry); restoring it
+    writes back a snapshot deleted or altered since, removes those of later steps (a killed attempt's), and tells
+    a pool seat's reader the file changed."""
+    from openmanus_rl_core.plugin.manager import make_plugin_manager
+
+    folder = tmp_path / "run" / "pool"
+    cfg = SimpleNamespace(env=SimpleNamespace(name="openspiel", kwargs={"game": "kuhn_poker", "opponent": "pool",
+                                                                          "pool_dir": str(folder)}))
+    pm = make_plugin_manager(load_entry_points=False)
+    pm.register(hooks)
+    for step in (0, 2, 4):
+        pool.write_snapshot(folder, step, "kuhn_poker", always(BET if step else PASS))
+    before = {s: (folder / f"step_{s}.json").read_bytes() for s in (0, 2)}
+    [state] = pm.hook.openmanus_rl_checkpoint_save(cfg=cfg, run_dir=str(tmp_path / "run"), step=3)
+    assert state == {hooks.CHECKPOINT_KEY: {"snapshots": before}}
+    assert pool.load(folder, 2) == always(BET)
+    (folder / "step_0.json").unlink()
+    pool.write_snapshot(folder, 2, "kuhn_poker", always(PASS))  # altered since the checkpoint
+    pool.write_snapshot(folder, 6, "kuhn_poker", always(PASS))
+    pm.hook.openmanus_rl_checkpoint_restore(cfg=cfg, run_dir=str(tmp_path / "run"), step=3, state=state)
+    assert pool.snapshots(folder) == [0, 2]
+    assert {s: (folder / f"step_{s}.json").read_bytes() for s in (0, 2)} == before
+    assert pool.load(folder, 2) == always(BET)
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left
+    # a run without a pool keeps nothing, and a checkpoint without the entry leaves the folder alone
+    plain = SimpleNamespace(env=SimpleNamespace(name="openspiel", kwargs={"game": "kuhn_poker", "opponent": "self"}))
+    assert pm.hook.openmanus_rl_checkpoint_save(cfg=plain, run_dir=str(tmp_path), step=3) == []
+    pool.write_snapshot(folder, 6, "kuhn_poker", always(PASS))
+    pm.hook.openmanus_rl_checkpoint_restore(cfg=cfg, run_dir=str(tmp_path / "run"), step=3, state={})
+    assert pool.snapshots(folder) == [0, 2, 6]

@@ -170,7 +170,7 @@ class TextArenaEnv:
         self._leave()
         self._own = int(index) % 2
         self._table_key = (self.game_id, task["group_id"], int(index) // 2, task.get("task_id"), task.get("seed"))
-        self._table = tables.join(self._table_key, lambda: tables.Table(self.spec, chosen))
+        self._table = tables.TABLES.join(self._table_key, lambda: tables.Table(self.spec, chosen))
         self._wait_turn("its first move")
         self._done = False
         return render(self._table.take(self._own), self._own, 2)
@@ -262,7 +262,7 @@ class TextArenaEnv:
 
     def _leave(self) -> None:
         if self._table is not None:
-            tables.leave(self._table_key, self._table)
+            tables.TABLES.leave(self._table_key, self._table, 2)
             self._table = None
 
     def _wait_turn(self, what: str) -> None:

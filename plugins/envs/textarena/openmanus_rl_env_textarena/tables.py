@@ -2,7 +2,8 @@
 
 Each seat is its own episode, with its own env and trajectory; the two envs of one game find the same
 :class:`Table` by its key (the task's group, the game's index in the group, the task and the seed) in this
-process's :data:`TABLES`. A seat's env blocks in ``start_task`` until the seat is to move, and in ``step``, after
+process's :data:`TABLES` (the registry and the waiting are the core's: :mod:`openmanus_rl_core.rollout.tables`).
+A seat's env blocks in ``start_task`` until the seat is to move, and in ``step``, after
 playing its move, until it is to move again or the game is over; the rollout runs env calls on threads and, with
 ``rollout.mode=episodes``, generates for whichever episodes are ready, so the seats move in the game's order.
 TextArena keeps one message queue per player, so each seat reads only what the game sent it.
@@ -10,40 +11,38 @@ TextArena keeps one message queue per player, so each seat reads only what the g
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable, Hashable
+from typing import Any
 
+from openmanus_rl_core.rollout.tables import Table as SeatedTable
+from openmanus_rl_core.rollout.tables import Tables
 from openmanus_rl_env_textarena import games
 
-__all__ = ["Table", "TABLES", "join", "leave"]
+__all__ = ["Table", "TABLES"]
 
 
-class Table:
+class Table(SeatedTable):
     """One game in play; every access under ``cond``, TextArena's code under the table's own random state.
     ``forfeit``: the seat that left the game, or None; ``rewards``: TextArena's at the end (``close()``, once)."""
 
     def __init__(self, spec: Any, seed: int):
+        super().__init__()
         self.rng = games.Isolated()
         with self.rng():
             self.game = games.make(spec)
             self.game.reset(num_players=2, seed=seed)
-        self.cond = threading.Condition()
-        self.forfeit: int | None = None
         self.rewards: dict | None = None
-        self.left = 0
 
     @property
     def state(self) -> Any:
         return self.game.state
 
     @property
-    def over(self) -> bool:
-        return self.forfeit is not None or bool(self.state.done)
+    def to_move(self) -> int:
+        return self.state.current_player_id
 
-    def wait_turn(self, seat: int, timeout_s: float) -> bool:
-        """Block until ``seat`` is to move or the game is over; False when ``timeout_s`` passed first."""
-        with self.cond:
-            return self.cond.wait_for(lambda: self.over or self.state.current_player_id == seat, timeout_s)
+    @property
+    def finished(self) -> bool:
+        return bool(self.state.done)
 
     def play(self, seat: int, action: str) -> bool:
         """``seat`` (the player to move) plays ``action``; True when the game refused it as invalid. Every waiting
@@ -76,29 +75,5 @@ class Table:
                 self.rewards = dict(rewards or {})
             return self.rewards
 
-    def give_up(self, seat: int) -> None:
-        with self.cond:
-            if not self.over:
-                self.forfeit = seat
-            self.cond.notify_all()
 
-
-TABLES: dict[Hashable, Table] = {}
-_LOCK = threading.Lock()
-
-
-def join(key: Hashable, make: Callable[[], Table]) -> Table:
-    """The table of ``key``, made by the first seat that arrives."""
-    with _LOCK:
-        table = TABLES.get(key)
-        if table is None:
-            table = TABLES[key] = make()
-        return table
-
-
-def leave(key: Hashable, table: Table) -> None:
-    """A seat's env is done with the table; the table is forgotten once both seats have left."""
-    with _LOCK:
-        table.left += 1
-        if table.left >= 2 and TABLES.get(key) is table:
-            del TABLES[key]
+TABLES: Tables[Table] = Tables()
