@@ -165,6 +165,7 @@ def test_tool_choice_parallel_tool_calls_and_text_format_reach_the_chat_request(
 
 @pytest.mark.parametrize("extra, param", [
     ({"background": True}, "background"),
+    ({"store": True}, "store"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"tools": [{"type": "web_search"}]}, "tools[0]"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
@@ -188,7 +189,7 @@ def test_what_the_gateway_does_not_serve_is_a_400_naming_the_parameter_and_nothi
 def test_ignored_fields_are_accepted_and_logprobs_come_when_included(gateway):
     gw = gateway(["open box"])
     client = _client(gw, gw.open_episode({}))
-    out = client.responses.create(model="omrl-policy", input="go", user="u", metadata={"run": "1"}, store=True,
+    out = client.responses.create(model="omrl-policy", input="go", user="u", metadata={"run": "1"},
                                   truncation="auto", reasoning={"effort": "low"}, service_tier="auto",
                                   include=["message.output_text.logprobs", "reasoning.encrypted_content"])
     assert out.metadata == {"run": "1"}

@@ -28,11 +28,16 @@ Stopping, per sequence: at an EOS token (the tokenizer's and the model's generat
 in ``token_ids``, left out of ``text``); at a stop string (decoded incrementally over the tail of the sequence; the
 token that completes the stop string is the last one kept, so the stop string stays in the output and nothing
 after that token is generated); at ``max_new_tokens`` with ``finish_reason="length"``.
+
+Streaming (:attr:`HFEngine.streams_tokens`): ``generate(..., on_tokens=f)`` calls ``f(indices, tokens)`` once per
+decoding step, from the decoding thread, with the output index of every row that got a token at that step and those
+tokens (an EOS included), before the next step is computed. It reads what was sampled and changes nothing: the
+results are those of the same call without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -85,6 +90,9 @@ class HFEngine:
     (bench/hf_engine.py), and off on an accelerator, where it is not yet and where its fused copy of the q/k/v and
     gate/up weights takes memory.
     """
+
+    # generate() takes on_tokens: each step's new tokens as they are sampled (the gateway streams them).
+    streams_tokens = True
 
     def __init__(self, model: Any, tokenizer: Any, device: str | torch.device = "cpu", seed: int = 0,
                  num_threads: int | None = None, share_prompts: bool = True, prefix_cache_mb: float = 1024,
@@ -190,14 +198,16 @@ class HFEngine:
         self.model.eval()
 
     # ---------------------------------------------------------------------------------------------- generation
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None) -> list[Generation]:
-        """One :class:`Generation` per prompt, in order, from ONE batched decoding loop (see the module doc)."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None,
+                 on_tokens: Callable[[list[int], list[int]], None] | None = None) -> list[Generation]:
+        """One :class:`Generation` per prompt, in order, from ONE batched decoding loop (see the module doc);
+        ``on_tokens(indices, tokens)``: told each step's tokens as they are sampled (module doc, "Streaming")."""
         self.wake_up()
         before = torch.get_num_threads()
         if self.num_threads is not None and self.device.type == "cpu":
             torch.set_num_threads(self.num_threads)
         try:
-            return self._generate(prompts, params)
+            return self._generate(prompts, params, on_tokens)
         finally:
             torch.set_num_threads(before)
             if self.fast is not None:
@@ -288,7 +298,8 @@ class HFEngine:
                                            for layer in layers])
 
     @torch.inference_mode()
-    def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None) -> list[Generation]:
+    def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None,
+                  on_tokens: Callable[[list[int], list[int]], None] | None = None) -> list[Generation]:
         params = params or SamplingParams()
         self.calls += 1
         B = len(prompts)
@@ -360,6 +371,8 @@ class HFEngine:
                         reasons[i] = "stop"
                         continue
                 keep.append(r)
+            if on_tokens is not None:
+                on_tokens(rows, tok_list)
             last = not keep or step == max_new - 1
             if self.prefix_cache is not None and (last or len(keep) < len(rows)):
                 ended = range(len(rows)) if last else sorted(set(range(len(rows))) - set(keep))

@@ -3,8 +3,9 @@ error shape) served by uvicorn on a loop of its own in a background thread (:cla
 
 uvicorn reads every request body to its end, answered or not, so a keep-alive connection survives any refusal
 (404, 401, 400, 405): the next request on it is parsed from its own bytes. A handler never blocks the loop on the
-engine: it awaits the batcher's future (the engine's own thread runs ``generate``). Streams are server-sent events
-built from the finished reply, and the connection stays open after them.
+engine: it awaits the batcher's future (the engine's own thread runs ``generate``). Streams are server-sent events,
+sent as the reply is generated where the engine can and keep-alive comments where it cannot (gateway/sse.py), and
+the connection stays open after them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import json
 import logging
 import socket
 import threading
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
+import time
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import uvicorn
 from starlette.applications import Starlette
@@ -23,7 +26,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from openmanus_rl_core.gateway.requests import ApiError, ChatRequest
-from openmanus_rl_core.gateway.sse import sse
+from openmanus_rl_core.gateway.sse import KEEPALIVE, Live, LiveText, sse
 
 # (method, path) of every route served, as the 404 for any other lists them.
 ROUTES = (("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("POST", "/v1/chat/completions"),
@@ -38,12 +41,8 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(json.dumps(body), status, media_type="application/json")
 
 
-def _stream(events: Iterable[bytes]) -> StreamingResponse:
-    async def chunks() -> AsyncIterator[bytes]:
-        for event in events:
-            yield event
-
-    return StreamingResponse(chunks(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+def _stream(events: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def _key(request: Request) -> str | None:
@@ -83,21 +82,24 @@ def build_app(gateway: Any) -> Starlette:
     async def model(request: Request, record: Any) -> Response:
         return _json(gateway.model_card(request.path_params["model_id"]))
 
+    # A stream is started (gateway.start: refused here if it must be) before its response begins.
     async def chat(request: Request, record: Any) -> Response:
         req = ChatRequest.parse(await _body(request), gateway.model)
-        generated = await gateway.generate(record, req)
-        completion = gateway.chat_completion(req, generated)
-        return _stream(chat_chunks(completion, req)) if req.stream else _json(completion)
+        if req.stream:
+            return _stream(chat_stream(gateway, req, gateway.start(record, req)))
+        return _json(gateway.chat_completion(req, await gateway.generate(record, req)))
 
     async def respond(request: Request, record: Any) -> Response:
         call = responses.parse(await _body(request), gateway, record)
-        response = responses.build(call, await gateway.generate(record, call.chat), gateway, record)
-        return _stream(responses.events(response)) if call.stream else _json(response)
+        if call.stream:
+            return _stream(responses.stream(call, gateway.start(record, call.chat), gateway, record))
+        return _json(responses.build(call, await gateway.generate(record, call.chat), gateway, record))
 
     async def message(request: Request, record: Any) -> Response:
         call = messages.parse(await _body(request), gateway.model)
-        reply = messages.build(call, await gateway.generate(record, call.chat), gateway.model)
-        return _stream(messages.events(reply)) if call.stream else _json(reply)
+        if call.stream:
+            return _stream(messages.stream(call, gateway.start(record, call.chat), gateway.model))
+        return _json(messages.build(call, await gateway.generate(record, call.chat), gateway.model))
 
     async def count(request: Request, record: Any) -> Response:
         chat = messages.parse(await _body(request), gateway.model, counting=True).chat
@@ -128,17 +130,54 @@ def build_app(gateway: Any) -> Starlette:
     return Starlette(routes=routes, exception_handlers={HTTPException: refused})
 
 
-def chat_chunks(completion: Any, req: ChatRequest) -> list[bytes]:
+async def chat_stream(gateway: Any, req: ChatRequest, live: Live) -> AsyncIterator[bytes]:
+    """A chat completion streamed while it is generated (gateway/sse.py): keep-alives while nothing is new, each
+    choice's live deltas (``content``; ``reasoning_content``, whole, when its block closes), then
+    :func:`chat_chunks` of the finished completion with what did not go out live."""
+    from openai.types.chat import ChatCompletionChunk
+
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": gateway.model}
+    named: set[int] = set()  # the choices whose role was sent (in their first chunk)
+    async for item in live.events():
+        if item is None:
+            yield KEEPALIVE
+            continue
+        choice, kind, text = item
+        delta = {"reasoning_content" if kind == "reasoning" else "content": text}
+        if choice not in named:
+            named.add(choice)
+            delta = {"role": "assistant", **delta}
+        part = {"index": choice, "delta": delta, "logprobs": None, "finish_reason": None}
+        yield sse(ChatCompletionChunk.model_validate(dict(head, choices=[part])).model_dump_json(exclude_unset=True))
+    try:
+        generated = await live.result()
+    except Exception as exc:  # the engine failed: the stream ends on an error, which the SDK raises
+        yield sse({"error": ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error").body()["error"]})
+        return
+    completion = gateway.chat_completion(req, generated)
+    for chunk in chat_chunks(completion.model_copy(update={"id": head["id"], "created": head["created"]}), req,
+                             live.texts):
+        yield chunk
+
+
+def chat_chunks(completion: Any, req: ChatRequest, live: list[LiveText] | None = None) -> list[bytes]:
     """A finished chat completion as the chunks a stream of it sends: per choice, its delta then its finish; the
-    usage last when ``stream_options.include_usage``; then ``[DONE]``."""
+    usage last when ``stream_options.include_usage``; then ``[DONE]``. ``live``: what of each choice went out live
+    (its delta then carries only the rest, and no role)."""
     from openai.types.chat import ChatCompletionChunk
 
     head = {"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,
             "model": completion.model}
     out = []
     for choice in completion.choices:
-        message = choice.message
+        message, text = choice.message, live[choice.index] if live else None
+        reasoning = getattr(message, "reasoning_content", None)
         delta: dict[str, Any] = {"role": "assistant", "content": message.content}
+        if text is not None and text.went_live:
+            delta = {"content": text.rest(message.content or "")}
+        if reasoning is not None and (text is None or text.thought is None):
+            delta["reasoning_content"] = reasoning
         if message.tool_calls:
             delta["tool_calls"] = [dict(call.model_dump(), index=j) for j, call in enumerate(message.tool_calls)]
         logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None

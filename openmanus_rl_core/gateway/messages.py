@@ -17,9 +17,10 @@ recorded like a chat completion):
 generated or recorded).
 
 The reply: ``text`` and ``tool_use`` blocks, ``stop_reason`` ``end_turn``, ``max_tokens``, ``stop_sequence`` or
-``tool_use``. ``stream`` sends Anthropic's events for the finished reply (``message_start``,
-``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``, ``message_stop``). Refusals come in
-Anthropic's error shape.
+``tool_use``. ``stream`` sends Anthropic's events (``message_start``, ``content_block_start`` / ``_delta`` /
+``_stop``, ``message_delta``, ``message_stop``): text deltas (and a thinking block) as they are generated where the
+rule of gateway/sse.py lets them go out live, keep-alive comments while nothing is new, the rest at the end; an
+engine failure ends it on Anthropic's ``error`` event. Refusals come in Anthropic's error shape.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 from openmanus_rl_core.gateway.requests import (ApiError, ChatRequest, check_tool_choice, check_tools, checked_body,
-                                                number)
-from openmanus_rl_core.gateway.sse import sse
+                                                number, text_of)
+from openmanus_rl_core.gateway.sse import KEEPALIVE, sse
 
 HONOURED = frozenset({"model", "messages", "system", "tools", "tool_choice", "max_tokens", "stop_sequences",
                       "temperature", "top_p", "stream"})
@@ -90,77 +91,93 @@ def _chat_tool(tool: Any, i: int) -> dict:
     return {"type": "function", "function": fn}
 
 
+# Anthropic's tool_choice types as chat completions' tool_choice.
+TOOL_CHOICES = {"auto": lambda choice: "auto", "any": lambda choice: "required", "none": lambda choice: "none",
+                "tool": lambda choice: {"type": "function", "function": {"name": choice.get("name")}}}
+
+
 def _tool_choice(choice: Any) -> tuple[Any, bool | None]:
     if choice is None:
         return None, None
-    kind = choice.get("type") if isinstance(choice, dict) else None
-    mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
-    if kind == "tool":
-        mapped = {"type": "function", "function": {"name": choice.get("name")}}
-    if mapped is None:
-        raise ApiError(400, f"tool_choice must be of type auto, any, tool or none, got {json.dumps(choice)[:120]}",
+    chat = TOOL_CHOICES.get(choice.get("type") if isinstance(choice, dict) else None)
+    if chat is None:
+        raise ApiError(400, f"tool_choice must be of type {', '.join(TOOL_CHOICES)}, got {json.dumps(choice)[:120]}",
                        param="tool_choice")
+    mapped = chat(choice)
     disable = choice.get("disable_parallel_tool_use")
     return mapped, None if disable is None else not disable
 
 
 def _text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(400, f"{where} must be a string or a list of text blocks", param=where)
-    texts = []
-    for j, block in enumerate(content):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            kind = block.get("type") if isinstance(block, dict) else block
-            raise ApiError(400, f"{where}[{j}]: only text blocks are served here, got {kind!r}"[:300],
-                           param=f"{where}[{j}]")
-        texts.append(block["text"])
-    return "".join(texts)
+    return text_of(content, where, {"text": "text"})
+
+
+class _Turn:
+    """One Anthropic message being read: its texts, thinking and tool calls, and the tool messages of its results."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.think: str | None = None
+        self.calls: list[dict] = []
+        self.results: list[dict] = []
+
+
+def _read_text(turn: _Turn, block: dict, at: str) -> None:
+    turn.texts.append(_text([block], at))
+
+
+def _read_thinking(turn: _Turn, block: dict, at: str) -> None:
+    turn.think = (turn.think or "") + str(block.get("thinking", ""))
+
+
+def _read_tool_use(turn: _Turn, block: dict, at: str) -> None:
+    turn.calls.append({"id": block.get("id"), "type": "function",
+                       "function": {"name": block.get("name"), "arguments": block.get("input") or {}}})
+
+
+def _read_tool_result(turn: _Turn, block: dict, at: str) -> None:
+    result = block.get("content")
+    turn.results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
+                         "content": "" if result is None else _text(result, at + ".content")})
+
+
+# The content blocks a message of each role may hold, and the reader of each.
+BLOCKS = {"user": {"text": _read_text, "tool_result": _read_tool_result},
+          "assistant": {"text": _read_text, "thinking": _read_thinking, "tool_use": _read_tool_use}}
 
 
 def _messages(m: Any, where: str) -> list[dict]:
     """One Anthropic message as chat messages (a user's tool results are ``tool`` messages of their own)."""
     role = m.get("role") if isinstance(m, dict) else None
-    if role not in ("user", "assistant"):
+    if role not in BLOCKS:
         raise ApiError(400, f"{where}.role must be user or assistant, got {role!r}", param=where)
     content = m.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise ApiError(400, f"{where}.content must be a string or a list of blocks", param=where)
-    out: list[dict] = []
-    texts, think, calls = [], None, []
+    turn = _Turn()
     for j, block in enumerate(content):
         at = f"{where}.content[{j}]"
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
-        elif kind == "thinking" and role == "assistant":
-            think = (think or "") + str(block.get("thinking", ""))
-        elif kind == "tool_use" and role == "assistant":
-            calls.append({"id": block.get("id"), "type": "function",
-                          "function": {"name": block.get("name"), "arguments": block.get("input") or {}}})
-        elif kind == "tool_result" and role == "user":
-            result = block.get("content")
-            text = "" if result is None else _text(result, at + ".content")
-            out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
-        else:
-            raise ApiError(400, f"{at}: blocks of type {kind!r} are not served in a {role} message (text, "
-                                f"tool_use, tool_result and thinking are)", param=at)
+        read = BLOCKS[role].get(block.get("type") if isinstance(block, dict) else None)
+        if read is None:
+            kind = block.get("type") if isinstance(block, dict) else block
+            raise ApiError(400, f"{at}: blocks of type {kind!r} are not served in a {role} message (a user's: "
+                                f"text, tool_result; an assistant's: text, thinking, tool_use)"[:300], param=at)
+        read(turn, block, at)
     if role == "assistant":
-        message = {"role": "assistant", "content": (f"<think>{think}</think>" if think is not None else "")
-                   + "".join(texts)}
-        if calls:
-            message["tool_calls"] = calls
+        think = f"<think>{turn.think}</think>" if turn.think is not None else ""
+        message = {"role": "assistant", "content": think + "".join(turn.texts)}
+        if turn.calls:
+            message["tool_calls"] = turn.calls
         return [message]
-    if texts or not out:
-        out.append({"role": "user", "content": "".join(texts)})
-    return out
+    if turn.texts or not turn.results:
+        turn.results.append({"role": "user", "content": "".join(turn.texts)})
+    return turn.results
 
 
-def build(call: MessagesCall, generated: Any, model: str) -> dict:
-    """The Anthropic ``message`` for one generated reply."""
+def build(call: MessagesCall, generated: Any, model: str, message_id: str | None = None) -> dict:
+    """The Anthropic ``message`` for one generated reply (``message_id``: the id a stream announced)."""
     reply = generated.replies[0]
     content: list[dict] = []
     think, text = reply.reasoning, reply.content  # the family's reasoning parser split them
@@ -174,7 +191,7 @@ def build(call: MessagesCall, generated: Any, model: str) -> dict:
     stop = {"length": "max_tokens", "tool_calls": "tool_use"}.get(reply.finish)
     if stop is None:
         stop = "stop_sequence" if reply.stop_sequence else "end_turn"
-    return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model,
+    return {"id": message_id or f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model,
             "content": content, "stop_reason": stop, "stop_sequence": reply.stop_sequence,
             "usage": {"input_tokens": len(generated.prompt_ids), "output_tokens": generated.completion_tokens}}
 
@@ -190,22 +207,73 @@ def _arguments(text: str) -> dict:
 
 def events(message: dict) -> Iterator[bytes]:
     """The finished ``message`` as Anthropic streams one."""
+    yield _started(message)
+    for index, block in enumerate(message["content"]):
+        yield from _block(index, block)
+    yield from _ended(message)
 
+
+async def stream(call: MessagesCall, live: Any, model: str) -> AsyncIterator[bytes]:
+    """A message streamed while it is generated (:class:`~openmanus_rl_core.gateway.sse.Live`): ``message_start``
+    at once, keep-alives while nothing is new, a thinking block and text deltas as the rule of gateway/sse.py lets
+    them go out live, then the rest of the finished message's events."""
+    message_id = f"msg_{uuid.uuid4().hex}"
+    yield _started({"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+                    "usage": {"input_tokens": live.prompt_tokens}})
+    opened: dict[str, int] = {}  # the blocks started live: type -> index
+    async for item in live.events():
+        if item is None:
+            yield KEEPALIVE
+        elif item[1] == "reasoning":
+            opened["thinking"] = len(opened)
+            yield b"".join(_block(opened["thinking"], {"type": "thinking", "thinking": item[2], "signature": ""}))
+        else:
+            if "text" not in opened:
+                opened["text"] = len(opened)
+                yield _event("content_block_start", index=opened["text"], content_block={"type": "text", "text": ""})
+            yield _event("content_block_delta", index=opened["text"], delta={"type": "text_delta", "text": item[2]})
+    try:
+        generated = await live.result()
+    except Exception as exc:  # the engine failed: the stream ends on Anthropic's error event
+        yield _event("error", error={"type": "api_error", "message": f"{type(exc).__name__}: {exc}"})
+        return
+    message = build(call, generated, model, message_id)
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text" and "text" in opened:
+            rest = live.texts[0].rest(block["text"])
+            if rest:
+                yield _event("content_block_delta", index=index, delta={"type": "text_delta", "text": rest})
+            yield _event("content_block_stop", index=index)
+        elif block["type"] not in opened:
+            yield b"".join(_block(index, block))
+    yield b"".join(_ended(message))
+
+
+def _event(kind: str, **fields: Any) -> bytes:
+    return sse(dict(type=kind, **fields), event=kind)
+
+
+def _started(message: dict) -> bytes:
     start = dict(message, content=[], stop_reason=None, stop_sequence=None,
                  usage=dict(message["usage"], output_tokens=0))
-    yield sse({"type": "message_start", "message": start}, event="message_start")
-    for index, block in enumerate(message["content"]):
-        if block["type"] == "text":
-            first, delta = dict(block, text=""), {"type": "text_delta", "text": block["text"]}
-        elif block["type"] == "thinking":
-            first, delta = dict(block, thinking=""), {"type": "thinking_delta", "thinking": block["thinking"]}
-        else:
-            first = dict(block, input={})
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-        yield sse({"type": "content_block_start", "index": index, "content_block": first}, event="content_block_start")
-        yield sse({"type": "content_block_delta", "index": index, "delta": delta}, event="content_block_delta")
-        yield sse({"type": "content_block_stop", "index": index}, event="content_block_stop")
-    yield sse({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"],
-                                                  "stop_sequence": message["stop_sequence"]},
-               "usage": {"output_tokens": message["usage"]["output_tokens"]}}, event="message_delta")
-    yield sse({"type": "message_stop"}, event="message_stop")
+    return _event("message_start", message=start)
+
+
+def _block(index: int, block: dict) -> Iterator[bytes]:
+    if block["type"] == "text":
+        first, delta = dict(block, text=""), {"type": "text_delta", "text": block["text"]}
+    elif block["type"] == "thinking":
+        first, delta = dict(block, thinking=""), {"type": "thinking_delta", "thinking": block["thinking"]}
+    else:
+        first = dict(block, input={})
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+    yield _event("content_block_start", index=index, content_block=first)
+    yield _event("content_block_delta", index=index, delta=delta)
+    yield _event("content_block_stop", index=index)
+
+
+def _ended(message: dict) -> Iterator[bytes]:
+    yield _event("message_delta", delta={"stop_reason": message["stop_reason"],
+                                         "stop_sequence": message["stop_sequence"]},
+                 usage={"output_tokens": message["usage"]["output_tokens"]})
+    yield _event("message_stop")

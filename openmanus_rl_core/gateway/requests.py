@@ -142,6 +142,25 @@ def checked_body(body: Any, model: str, honoured: frozenset, route: str,
     return body
 
 
+def text_of(content: Any, where: str, parts: dict[str, str]) -> str:
+    """A message's text: a string, or a list of parts whose types are the keys of ``parts`` (each mapped to the
+    field that holds its text), joined; any other part is a 400 naming it (``where[j]``)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where} must be a string or a list of {' / '.join(parts)} parts", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        text = part.get(parts[kind]) if kind in parts else None
+        if not isinstance(text, str):
+            got = f"type {kind!r}" if kind not in parts else f"a {kind} part without its {parts[kind]}"
+            raise ApiError(400, f"{where}[{j}]: only text parts ({', '.join(parts)}) are served here, got {got}"[:300],
+                           param=f"{where}[{j}]")
+        texts.append(text)
+    return "".join(texts)
+
+
 def number(body: dict, name: str, kind: type, default: Any, low: float | None = None,
            high: float | None = None, param: str | None = None) -> Any:
     value = body.get(name)

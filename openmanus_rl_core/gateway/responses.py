@@ -13,14 +13,16 @@ rendered by the chat template and recorded exactly like a chat completion:
   ``tool_choice``, ``parallel_tool_calls`` and ``text.format`` -> the chat request's ``tool_choice``,
   ``parallel_tool_calls`` and ``response_format``;
 - ``previous_response_id``: the conversation of a response of the same episode (its input and its output), the new
-  input appended. The gateway keeps an episode's responses until the episode closes (``store`` false: not kept),
+  input appended. The gateway keeps an episode's responses until the episode closes (``store`` unset; false: not
+  kept; true, a request to store them for retrieval, is refused),
   ``serve``'s last :attr:`~openmanus_rl_core.gateway.server.Gateway.SERVED_RESPONSES`.
 
 The reply's ``output``: a ``reasoning`` item for a leading ``<think>`` block, a ``message`` with the text, one
 ``function_call`` item per tool call. Its status is ``incomplete`` only when the request's own
 ``max_output_tokens`` cut it; a reply cut by the run's length cap is ``completed`` (see :func:`build`). ``stream``
-sends the SDK's typed events for the finished reply (``response.created`` ... ``response.completed``, or
-``response.incomplete``).
+sends the SDK's typed events (``response.created`` ... ``response.completed``, or ``response.incomplete``): the
+text deltas (and a reasoning item) as they are generated where the rule of gateway/sse.py lets them go out live,
+keep-alive comments while nothing is new, the rest when the reply is finished.
 """
 
 from __future__ import annotations
@@ -29,22 +31,25 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 from pydantic import TypeAdapter
 
 from openmanus_rl_core.gateway.requests import (ApiError, ChatRequest, check_response_format, check_tool_choice,
-                                                check_tools, checked_body, flag, number, template_call, unsupported)
-from openmanus_rl_core.gateway.sse import sse
+                                                check_tools, checked_body, flag, number, template_call, text_of,
+                                                unsupported)
+from openmanus_rl_core.gateway.sse import KEEPALIVE, sse
 
 HONOURED = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
-                      "max_output_tokens", "temperature", "top_p", "text", "previous_response_id", "stream", "store",
+                      "max_output_tokens", "temperature", "top_p", "text", "previous_response_id", "stream",
                       "metadata", "include"})
 # Accepted and ignored (docs/gateway.md): nothing a policy samples depends on them, or the gateway does what they
 # ask anyway (truncation: a prompt too long is refused, never cut).
 IGNORED = frozenset({"user", "safety_identifier", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
                      "service_tier", "reasoning", "truncation", "max_tool_calls", "stream_options", "moderation"})
 NOOP = {"background": (False, "a response is generated while the request waits"),
+        "store": (False, "responses are kept only within their episode, for previous_response_id, and cannot be "
+                         "retrieved; leave store unset for that, or set it false"),
         "conversation": (None, "there is no Conversations API here: send previous_response_id or the items"),
         "prompt": (None, "there are no stored prompt templates here"),
         "context_management": (None, "the gateway never compacts a context"),
@@ -163,7 +168,7 @@ def input_messages(items: Any) -> list[dict]:
         if kind == "reasoning":
             think = (think or "") + _reasoning_text(item, where)
         elif kind == "message" and item.get("role") == "assistant":
-            turn = {"role": "assistant", "content": _with_think(think, _text(item.get("content"), where))}
+            turn = {"role": "assistant", "content": _with_think(think, _text(item.get("content"), where + ".content"))}
             think = None
             messages.append(turn)
         elif kind == "message":
@@ -172,7 +177,7 @@ def input_messages(items: Any) -> list[dict]:
                 raise ApiError(400, f"{where}.role must be user, assistant, system or developer, got {role!r}",
                                param=where)
             messages.append({"role": "system" if role == "developer" else role,
-                             "content": _text(item.get("content"), where)})
+                             "content": _text(item.get("content"), where + ".content")})
             turn = None
         elif kind == "function_call":
             if turn is None or think is not None:
@@ -183,9 +188,8 @@ def input_messages(items: Any) -> list[dict]:
                     "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
             turn.setdefault("tool_calls", []).append(template_call(call, where))
         elif kind == "function_call_output":
-            output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": output if isinstance(output, str) else _text(output, where + ".output")})
+                             "content": _text(item.get("output"), where + ".output")})
             turn = None
         else:
             raise ApiError(400, f"{where}: items of type {kind!r} are not served (message, function_call, "
@@ -206,34 +210,32 @@ def _reasoning_text(item: dict, where: str) -> str:
     return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
 
 
+# A Responses message's text parts, each with the field that holds its text.
+TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+
+
 def _text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(400, f"{where}.content must be a string or a list of text parts", param=where)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text", "text", "refusal"):
-            raise ApiError(400, f"{where}.content[{j}]: only text parts are served, got type {kind!r}",
-                           param=f"{where}.content[{j}]")
-        text = part.get("refusal") if kind == "refusal" else part.get("text")
-        if not isinstance(text, str):
-            raise ApiError(400, f"{where}.content[{j}] needs its text", param=f"{where}.content[{j}]")
-        texts.append(text)
-    return "".join(texts)
+    return text_of(content, where, TEXT_PARTS)
 
 
 # ---------------------------------------------------------------------------------------------- the reply
-def build(call: ResponsesCall, generated: Any, gateway: Any, record: Any) -> Any:
-    """The ``Response`` for one generated reply; its conversation kept for ``previous_response_id``."""
+def new_stamp() -> dict:
+    """The ids and creation time of one response: a streamed one announces them before it is built."""
+    return {"resp": f"resp_{uuid.uuid4().hex}", "rs": f"rs_{uuid.uuid4().hex}", "msg": f"msg_{uuid.uuid4().hex}",
+            "created_at": time.time()}
+
+
+def build(call: ResponsesCall, generated: Any, gateway: Any, record: Any, stamp: dict | None = None) -> Any:
+    """The ``Response`` for one generated reply (its ids from ``stamp``: :func:`new_stamp`); its conversation kept
+    for ``previous_response_id``."""
     from openai.types.responses import Response
 
+    stamp = stamp or new_stamp()
     reply = generated.replies[0]
     output: list[dict] = []
     reasoning, text = reply.reasoning, reply.content  # the family's reasoning parser split them
     if reasoning is not None:
-        output.append({"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": [],
+        output.append({"id": stamp["rs"], "type": "reasoning", "summary": [],
                        "content": [{"type": "reasoning_text", "text": reasoning}]})
     if text or not reply.tool_calls:
         part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
@@ -243,7 +245,7 @@ def build(call: ResponsesCall, generated: Any, gateway: Any, record: Any) -> Any
                                 for t, lp in zip(reply.call.completion_ids, reply.call.logprobs)]
             for lp in part["logprobs"]:
                 lp["bytes"] = list(lp["token"].encode())
-        output.append({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
+        output.append({"id": stamp["msg"], "type": "message", "role": "assistant",
                        "status": "completed", "content": [part]})
     for tc in reply.tool_calls:
         output.append({"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "call_id": tc["id"],
@@ -256,19 +258,12 @@ def build(call: ResponsesCall, generated: Any, gateway: Any, record: Any) -> Any
     asked = body.get("max_output_tokens")
     cut = reply.finish == "length" and asked is not None and len(reply.call.completion_ids) >= asked
     prompt, completion = len(generated.prompt_ids), generated.completion_tokens
-    tools = [dict(t, strict=t.get("strict", True)) for t in body.get("tools") or []]
-    response = Response.model_validate({
-        "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": time.time(), "model": gateway.model,
-        "status": "incomplete" if cut else "completed", "output": output, "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-        "instructions": body.get("instructions"), "metadata": body.get("metadata"),
-        "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "temperature": body.get("temperature"),
-        "top_p": body.get("top_p"), "tool_choice": body.get("tool_choice") or "auto", "tools": tools,
-        "max_output_tokens": body.get("max_output_tokens"), "previous_response_id": body.get("previous_response_id"),
-        "text": body.get("text") or {"format": {"type": "text"}}, "store": call.store,
-        "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                  "output_tokens": completion,
-                  "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + completion}})
+    response = Response.model_validate(dict(
+        _head(call, gateway, stamp), status="incomplete" if cut else "completed", output=output,
+        incomplete_details={"reason": "max_output_tokens"} if cut else None,
+        usage={"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+               "output_tokens": completion,
+               "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + completion}))
     if call.store:
         kept = call.conversation + input_messages(output)
         if record is not None:
@@ -280,6 +275,20 @@ def build(call: ResponsesCall, generated: Any, gateway: Any, record: Any) -> Any
     return response
 
 
+def _head(call: ResponsesCall, gateway: Any, stamp: dict) -> dict:
+    """A response's fields that the reply does not change."""
+    body = call.body
+    tools = [dict(t, strict=t.get("strict", True)) for t in body.get("tools") or []]
+    return {"id": stamp["resp"], "object": "response", "created_at": stamp["created_at"], "model": gateway.model,
+            "error": None, "instructions": body.get("instructions"), "metadata": body.get("metadata"),
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+            "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+            "tool_choice": body.get("tool_choice") or "auto", "tools": tools,
+            "max_output_tokens": body.get("max_output_tokens"),
+            "previous_response_id": body.get("previous_response_id"),
+            "text": body.get("text") or {"format": {"type": "text"}}, "store": call.store}
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
@@ -288,47 +297,119 @@ def _plain(value: Any) -> Any:
 
 def events(response: Any) -> Iterator[bytes]:
     """The finished ``response`` as the Responses API streams one: server-sent events of the SDK's own types."""
+    out = Events()
+    yield from out.opened(response)
+    yield from out.finished(response)
 
-    global _EVENT
-    if _EVENT is None:
-        from openai.types.responses import ResponseStreamEvent
 
-        _EVENT = TypeAdapter(ResponseStreamEvent)
-    seq = iter(range(1 << 30))
+async def stream(call: ResponsesCall, live: Any, gateway: Any, record: Any) -> AsyncIterator[bytes]:
+    """A response streamed while it is generated (:class:`~openmanus_rl_core.gateway.sse.Live`): created and in
+    progress at once, keep-alives while nothing is new, the reasoning and text deltas that may go out live, then the
+    rest of the finished response's events."""
+    from openai.types.responses import Response, ResponseError
 
-    def event(kind: str, **fields: Any) -> bytes:
+    stamp, out = new_stamp(), Events()
+    start = Response.model_validate(dict(_head(call, gateway, stamp), status="in_progress", output=[], usage=None,
+                                         incomplete_details=None))
+    yield b"".join(out.opened(start))
+    async for item in live.events():
+        yield KEEPALIVE if item is None else b"".join(out.live(item[1], item[2], stamp))
+    try:
+        generated = await live.result()
+    except Exception as exc:  # the engine failed: the stream ends on response.failed, as OpenAI's does
+        error = ResponseError(code="server_error", message=f"{type(exc).__name__}: {exc}")
+        yield out.event("response.failed", response=start.model_copy(update={"status": "failed", "error": error}))
+        return
+    response = build(call, generated, gateway, record, stamp)
+    yield b"".join(out.finished(response, live.texts[0].rest(generated.replies[0].content)))
+
+
+class Events:
+    """The numbered events of one streamed response: :meth:`opened`, then :meth:`live` (a reasoning item, text
+    deltas) while it is generated, then :meth:`finished` (the rest; the items opened live are closed, not sent
+    again)."""
+
+    def __init__(self) -> None:
+        global _EVENT
+        if _EVENT is None:
+            from openai.types.responses import ResponseStreamEvent
+
+            _EVENT = TypeAdapter(ResponseStreamEvent)
+        self.seq = iter(range(1 << 30))
+        self.live_items: dict[str, int] = {}  # the items announced live: id -> output index
+
+    def event(self, kind: str, **fields: Any) -> bytes:
         # As plain data: an event's part types are its own classes, not the output item's.
         fields = {k: _plain(v) for k, v in fields.items()}
-        data = _EVENT.validate_python(dict(fields, type=kind, sequence_number=next(seq)))
+        data = _EVENT.validate_python(dict(fields, type=kind, sequence_number=next(self.seq)))
         return sse(data.model_dump_json(exclude_unset=True), event=kind)
 
-    start = response.model_copy(update={"status": "in_progress", "output": [], "usage": None,
-                                        "incomplete_details": None})
-    yield event("response.created", response=start)
-    yield event("response.in_progress", response=start)
-    for index, item in enumerate(response.output):
+    def opened(self, response: Any) -> Iterator[bytes]:
+        start = response.model_copy(update={"status": "in_progress", "output": [], "usage": None,
+                                            "incomplete_details": None})
+        yield self.event("response.created", response=start)
+        yield self.event("response.in_progress", response=start)
+
+    def live(self, kind: str, text: str, stamp: dict) -> Iterator[bytes]:
+        from openai.types.responses import ResponseOutputMessage, ResponseReasoningItem
+
+        if kind == "reasoning":
+            item = ResponseReasoningItem.model_validate({"id": stamp["rs"], "type": "reasoning", "summary": [],
+                                                         "content": [{"type": "reasoning_text", "text": text}]})
+            self.live_items[item.id] = len(self.live_items)
+            yield from self._reasoning(self.live_items[item.id], item)
+            return
+        if stamp["msg"] not in self.live_items:
+            item = ResponseOutputMessage.model_validate({
+                "id": stamp["msg"], "type": "message", "role": "assistant", "status": "in_progress",
+                "content": [{"type": "output_text", "text": "", "annotations": []}]})
+            self.live_items[item.id] = len(self.live_items)
+            yield from self._message(self.live_items[item.id], item)
+        yield self.event("response.output_text.delta", content_index=0, delta=text, logprobs=[],
+                         output_index=self.live_items[stamp["msg"]], item_id=stamp["msg"])
+
+    def _reasoning(self, index: int, item: Any) -> Iterator[bytes]:
         at = {"output_index": index, "item_id": item.id}
-        if item.type == "reasoning":
-            text = "".join(p.text for p in item.content or [])
-            yield event("response.output_item.added", output_index=index,
-                        item=item.model_copy(update={"content": [], "status": "in_progress"}))
-            yield event("response.reasoning_text.delta", content_index=0, delta=text, **at)
-            yield event("response.reasoning_text.done", content_index=0, text=text, **at)
-        elif item.type == "message":
-            part = item.content[0]
-            yield event("response.output_item.added", output_index=index,
-                        item=item.model_copy(update={"content": [], "status": "in_progress"}))
-            empty = part.model_copy(update={"text": "", "logprobs": []})
-            yield event("response.content_part.added", content_index=0, part=empty, **at)
-            logprobs = part.logprobs or []
-            yield event("response.output_text.delta", content_index=0, delta=part.text, logprobs=logprobs, **at)
-            yield event("response.output_text.done", content_index=0, text=part.text, logprobs=logprobs, **at)
-            yield event("response.content_part.done", content_index=0, part=part, **at)
-        else:
-            yield event("response.output_item.added", output_index=index,
-                        item=item.model_copy(update={"arguments": "", "status": "in_progress"}))
-            yield event("response.function_call_arguments.delta", delta=item.arguments, **at)
-            yield event("response.function_call_arguments.done", arguments=item.arguments, name=item.name, **at)
-        yield event("response.output_item.done", output_index=index, item=item)
-    done = "response.incomplete" if response.status == "incomplete" else "response.completed"
-    yield event(done, response=response)
+        text = "".join(p.text for p in item.content or [])
+        yield self.event("response.output_item.added", output_index=index,
+                         item=item.model_copy(update={"content": [], "status": "in_progress"}))
+        yield self.event("response.reasoning_text.delta", content_index=0, delta=text, **at)
+        yield self.event("response.reasoning_text.done", content_index=0, text=text, **at)
+        yield self.event("response.output_item.done", output_index=index, item=item)
+
+    def _message(self, index: int, item: Any) -> Iterator[bytes]:
+        part = item.content[0]
+        yield self.event("response.output_item.added", output_index=index,
+                         item=item.model_copy(update={"content": [], "status": "in_progress"}))
+        empty = part.model_copy(update={"text": "", "logprobs": []})
+        yield self.event("response.content_part.added", content_index=0, part=empty, output_index=index,
+                         item_id=item.id)
+
+    def finished(self, response: Any, rest: str | None = None) -> Iterator[bytes]:
+        """``rest``: what of the message's text did not go out live."""
+        for index, item in enumerate(response.output):
+            at = {"output_index": index, "item_id": item.id}
+            if item.type == "reasoning":
+                if item.id not in self.live_items:
+                    yield from self._reasoning(index, item)
+                continue
+            if item.type == "message":
+                part, opened = item.content[0], item.id in self.live_items
+                if not opened:
+                    yield from self._message(index, item)
+                delta, logprobs = (rest if opened else part.text), part.logprobs or []
+                if delta or logprobs or not opened:
+                    yield self.event("response.output_text.delta", content_index=0, delta=delta, logprobs=logprobs,
+                                     **at)
+                yield self.event("response.output_text.done", content_index=0, text=part.text, logprobs=logprobs,
+                                 **at)
+                yield self.event("response.content_part.done", content_index=0, part=part, **at)
+            else:
+                yield self.event("response.output_item.added", output_index=index,
+                                 item=item.model_copy(update={"arguments": "", "status": "in_progress"}))
+                yield self.event("response.function_call_arguments.delta", delta=item.arguments, **at)
+                yield self.event("response.function_call_arguments.done", arguments=item.arguments, name=item.name,
+                                 **at)
+            yield self.event("response.output_item.done", output_index=index, item=item)
+        done = "response.incomplete" if response.status == "incomplete" else "response.completed"
+        yield self.event(done, response=response)

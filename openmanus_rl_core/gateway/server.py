@@ -6,8 +6,9 @@ every field each one honours, ignores or refuses):
 - ``POST /v1/chat/completions``: ``messages`` (text contents, ``tool_calls`` and ``tool`` replies as the model's chat
   template renders them), ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``response_format``, ``n``,
   ``temperature``, ``top_p``, ``max_tokens`` (or ``max_completion_tokens``), ``stop`` (left out of the reply unless
-  ``include_stop_str_in_output``, as vLLM's server does), ``logprobs``, ``stream`` (server-sent chunks of the
-  finished reply, with a usage chunk when ``stream_options.include_usage``);
+  ``include_stop_str_in_output``, as vLLM's server does), ``logprobs``, ``stream`` (server-sent chunks as the reply
+  is generated where the engine can, keep-alive comments where it cannot: gateway/sse.py; a usage chunk when
+  ``stream_options.include_usage``);
 - ``POST /v1/responses`` (the Responses API, gateway/responses.py) and ``POST /v1/messages`` (Anthropic's Messages
   API, gateway/messages.py): translated into the same chat request, so their calls are batched and recorded alike;
 - ``GET /v1/models`` and ``GET /v1/models/{id}``: the policy, under one name;
@@ -41,6 +42,7 @@ import uuid
 from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Callable, Sequence
 
 from openai.types import Model
@@ -53,6 +55,7 @@ from openmanus_rl_core.engines.constrained import ToolCallFormat
 from openmanus_rl_core.gateway.episodes import prompt_for
 from openmanus_rl_core.gateway.records import Call, EpisodeRecord
 from openmanus_rl_core.gateway.requests import ApiError, ChatRequest
+from openmanus_rl_core.gateway.sse import Feed, Live, LiveText
 from openmanus_rl_core.gateway.structured import request_constraint, tools_in_prompt
 from openmanus_rl_core.gateway.tools import ChatRenderer, reply_text
 from openmanus_rl_core.protocols import SamplingParams
@@ -99,9 +102,10 @@ class _Batcher:
         self.thread = threading.Thread(target=self._run, name="omrl-gateway-batcher", daemon=True)
         self.thread.start()
 
-    def submit(self, prompts: list[list[int]], params: SamplingParams) -> Future:
+    def submit(self, prompts: list[list[int]], params: SamplingParams, feed: Feed | None = None) -> Future:
+        """``feed``: told the prompts' tokens as they are generated, if the engine can (gateway/sse.py)."""
         fut: Future = Future()
-        self.queue.put((prompts, params, fut))
+        self.queue.put((prompts, params, fut, feed))
         return fut
 
     def close(self) -> None:
@@ -115,11 +119,12 @@ class _Batcher:
                 return
             pending = self._batch(item)
             by_params: dict[Any, list] = {}
-            for prompts, params, fut in pending:
+            for item in pending:
+                params = item[1]
                 # Rows of one generate call may have different constraints (one per row), not different sampling.
                 key = (params.max_new_tokens, params.temperature, params.top_p, params.top_k, tuple(params.stop),
                        params.greedy)
-                by_params.setdefault(key, []).append((prompts, params, fut))
+                by_params.setdefault(key, []).append(item)
             for group in by_params.values():
                 self._generate(group)
 
@@ -144,26 +149,35 @@ class _Batcher:
         return pending
 
     def _generate(self, group: list) -> None:
-        flat = [p for prompts, _, _ in group for p in prompts]
+        flat = [p for prompts, _, _, _ in group for p in prompts]
         params = group[0][1]
-        if any(getattr(p, "constraint", None) is not None for _, p, _ in group):
+        if any(getattr(p, "constraint", None) is not None for _, p, _, _ in group):
             rows = []
-            for prompts, p, _ in group:
+            for prompts, p, _, _ in group:
                 c = p.constraint
                 rows.extend(c if isinstance(c, list) else [c] * len(prompts))
             params = replace(params, constraint=rows)
+        # Each row's streamed request and choice (None: nobody streams it), when the engine tells tokens as it goes.
+        owners = [feed and (feed, j) for prompts, _, _, feed in group for j in range(len(prompts))]
+        tell = {"on_tokens": partial(Feed.tell, owners)} if any(owners) else {}
+        if not getattr(self.engine, "streams_tokens", False):
+            tell = {}  # an engine that cannot: its streams get keep-alives, then the finished reply
         try:
             with self.lock:
                 version = int(self.version())
-                outs = self.engine.generate(flat, params)
+                outs = self.engine.generate(flat, params, **tell)
         except Exception as exc:  # the engine failed: every waiting request gets it
-            for _, _, fut in group:
+            for _, _, fut, feed in group:
                 fut.set_exception(exc)
+                if feed is not None:
+                    feed.close()
             return
         i = 0
-        for prompts, _, fut in group:
+        for prompts, _, fut, feed in group:
             fut.set_result((outs[i:i + len(prompts)], version))
             i += len(prompts)
+            if feed is not None:
+                feed.close()
 
 
 def model_positions(engine: Any) -> int | None:
@@ -191,6 +205,8 @@ class Gateway:
     # Responses kept for previous_response_id under a static key (serve), oldest dropped first; an episode keeps
     # its own until it closes.
     SERVED_RESPONSES = 1024
+    # Seconds between the ": keep-alive" comments of a stream that has nothing to send yet (gateway/sse.py).
+    keepalive_s = 5.0
 
     def __init__(self, engine: Any, tokenizer: Any, model: str, sampling: SamplingParams | None = None,
                  version: Callable[[], int] = lambda: 0, lock: Any = None, host: str = "127.0.0.1", port: int = 0,
@@ -301,8 +317,24 @@ class Gateway:
     async def generate(self, record: EpisodeRecord | None, req: ChatRequest) -> Generated:
         """Render, generate (batched with others: the engine's thread does it, this awaits), record."""
         prompt, params, bridged = self.prepare(record, req)
-        outs, version = await asyncio.wrap_future(self.batcher.submit([prompt] * req.n, params))
+        return await self._generated(record, req, prompt, params, bridged)
+
+    async def _generated(self, record: EpisodeRecord | None, req: ChatRequest, prompt: list[int],
+                         params: SamplingParams, bridged: bool, feed: Feed | None = None) -> Generated:
+        outs, version = await asyncio.wrap_future(self.batcher.submit([prompt] * req.n, params, feed))
         return self.finish(record, req, prompt, outs, version, bridged)
+
+    def start(self, record: EpisodeRecord | None, req: ChatRequest) -> Live:
+        """A streamed request under way (gateway/sse.py): refused here, before its stream begins, if it must be
+        (:meth:`prepare`); recorded when generated, whether or not its client still reads."""
+        prompt, params, bridged = self.prepare(record, req)
+        feed = Feed(req.n)
+        task = asyncio.ensure_future(self._generated(record, req, prompt, params, bridged, feed))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure nobody read is no log noise
+        hold = bool(req.tools) and tools_in_prompt(req.tool_choice)  # a tool parser must see the whole reply
+        stops = [] if req.include_stop else req.stop  # left out of the reply: never sent live
+        texts = [LiveText(self.renderer.reasoning_parser.name, hold, stops) for _ in range(req.n)]
+        return Live(feed, task, texts, lambda ids: reply_text(self.tokenizer, ids), len(prompt), self.keepalive_s)
 
     def prepare(self, record: EpisodeRecord | None, req: ChatRequest) -> tuple[list[int], SamplingParams, bool]:
         """The prompt's ids (continuing the episode's recorded tokens where the template re-rendered its history:
@@ -337,8 +369,8 @@ class Gateway:
         if wants_call and self.tool_format is None:
             if not getattr(self, "_told_unconstrained", False):
                 self._told_unconstrained = True
-                self.renderer.notice(f"tool_choice={req.tool_choice!r}: the {self.renderer.tool_parser.name} call format has "
-                                 f"no grammar here; its tool calls are not constrained (told once)")
+                self.renderer.notice(f"tool_choice={req.tool_choice!r}: the {self.renderer.tool_parser.name} call "
+                                     f"format has no grammar here; its tool calls are not constrained (told once)")
             return request_constraint(response_format=req.response_format)
         return request_constraint(tools=req.tools, tool_choice=req.tool_choice, response_format=req.response_format,
                                   parallel_tool_calls=req.parallel_tool_calls, tool_format=self.tool_format)
