@@ -13,7 +13,7 @@ import pytest
 
 from openmanus_rl_core.gateway.episodes import episode_from_record
 from openmanus_rl_core.gateway.server import Gateway
-from openmanus_rl_core.protocols import Generation, SamplingParams
+from openmanus_rl_core.protocols import Generation
 
 # Qwen2.5's layout: tools in the system turn, calls in <tool_call> blocks, tool results as <tool_response> user turns.
 TOOLS_CHATML = (
@@ -46,7 +46,7 @@ def tok():
 
 class Script:
     """An engine that answers the n-th prompt it is given with ``replies[n]`` (its token ids, the EOS added when
-    ``eos``), log-prob -0.25 per token."""
+    ``eos``), cut at ``params.max_new_tokens`` (finish ``length``), log-prob -0.25 per token."""
 
     def __init__(self, tok, replies, eos=True):
         self.tok, self.replies, self.eos = tok, list(replies), eos
@@ -63,7 +63,10 @@ class Script:
             text = self.replies[len(self.prompts) % len(self.replies)]
             self.prompts.append(list(p))
             ids = self.tok.encode(text, add_special_tokens=False) + ([self.tok.eos_token_id] if self.eos else [])
-            out.append(Generation(ids, [-0.25] * len(ids), text, "stop"))
+            kept = ids[:params.max_new_tokens]  # as an engine cuts a reply at its budget
+            if len(kept) < len(ids):
+                text = self.tok.decode(kept, skip_special_tokens=True)
+            out.append(Generation(kept, [-0.25] * len(kept), text, "stop" if len(kept) == len(ids) else "length"))
         return out
 
     def update_weights(self, sd):

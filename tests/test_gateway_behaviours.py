@@ -21,8 +21,8 @@ import pytest
 from openmanus_rl_core.config.schema import RolloutConfig
 from openmanus_rl_core.gateway.agents import AgentJob, run_agents
 from openmanus_rl_core.gateway.server import Gateway
-from openmanus_rl_core.protocols import Generation
 from openmanus_rl_core.rollout import sampling_params
+from test_gateway import Script
 from test_gateway_agents import _alive
 
 REPLY = "<action>open the box and read the note</action>"
@@ -36,36 +36,12 @@ def tok():
     return build_tokenizer(TEXTS + [REPLY, "hello"], vocab_size=400)
 
 
-class Scripted:
-    """Answers every prompt with ``REPLY``'s token ids, cut at ``params.max_new_tokens`` (finish ``length``), the
-    EOS added when it fits; log-prob -0.25 per token. ``calls`` holds ``(number of prompts, params)`` per generate
-    call."""
-
-    def __init__(self, tok):
-        self.tok = tok
-        self.calls: list = []
-        self.generator = None
-
-    def generate(self, prompts, params):
-        self.calls.append((len(prompts), params))
-        ids = self.tok.encode(REPLY, add_special_tokens=False) + [self.tok.eos_token_id]
-        out = []
-        for _ in prompts:
-            kept = ids[:params.max_new_tokens]
-            out.append(Generation(kept, [-0.25] * len(kept), self.tok.decode(kept, skip_special_tokens=True),
-                                  "stop" if len(kept) == len(ids) else "length"))
-        return out
-
-    def update_weights(self, sd):
-        pass
-
-
 @pytest.fixture
 def gateway(tok):
     made = []
 
     def make(**kw):
-        gw = Gateway(Scripted(tok), tok, "omrl-policy", keys=["key"], **kw)  # "key": a static key, as serve's
+        gw = Gateway(Script(tok, [REPLY]), tok, "omrl-policy", keys=["key"], **kw)  # "key": a static key, as serve's
         made.append(gw)
         return gw
 
@@ -106,7 +82,7 @@ def test_in_training_max_tokens_is_capped_at_the_runs_max_new_tokens_and_a_small
         assert (out.usage.completion_tokens, out.choices[0].finish_reason) == (got, "length"), asked
     out = client.chat.completions.create(model="omrl-policy", messages=HELLO, max_completion_tokens=5)
     assert out.usage.completion_tokens == 5
-    assert [params.max_new_tokens for _, params in gw.batcher.engine.calls] == [8, 8, 3, 5]
+    assert [params.max_new_tokens for params in gw.batcher.engine.params] == [8, 8, 3, 5]
     assert [len(c.completion_ids) for c in gw.close_episode(key).calls] == [8, 8, 3, 5]
 
 
@@ -135,13 +111,13 @@ def test_a_greedy_request_and_a_sampled_one_never_share_a_generate_call(gateway)
     for key in (*greedy, sampled):
         gw.agent_running(key, True)
     _at_once(gw, [(greedy[0], {}), (sampled, {}), (greedy[1], {})])
-    calls = gw.batcher.engine.calls
-    assert sorted((n, p.greedy) for n, p in calls) == [(1, False), (2, True)]
+    engine = gw.batcher.engine
+    assert sorted((n, p.greedy) for n, p in zip(engine.batches, engine.params)) == [(1, False), (2, True)]
     # Serving: temperature 0 is greedy; it and a temperature-1 request arriving together go to separate calls.
     gw = gateway(batch_wait_s=1.0)
     _at_once(gw, [("key", {"temperature": 0}), ("key", {"temperature": 1.0}), ("key", {"temperature": 0})])
-    calls = gw.batcher.engine.calls
-    assert sorted((n, p.greedy) for n, p in calls) == [(1, False), (2, True)]
+    engine = gw.batcher.engine
+    assert sorted((n, p.greedy) for n, p in zip(engine.batches, engine.params)) == [(1, False), (2, True)]
 
 
 def _cfg(command=None, function=None, timeout_s=30.0):

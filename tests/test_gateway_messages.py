@@ -23,7 +23,7 @@ def _client(gw, key):
 def test_a_message_with_system_and_a_stop_sequence_is_one_recorded_call(gateway):
     gw = gateway(["<action>open box</action>"])
     key = gw.open_episode({})
-    out = _client(gw, key).messages.create(model="omrl-policy", max_tokens=64, system="Be brief.",
+    out = _client(gw, key).messages.create(model="omrl-policy", max_tokens=256, system="Be brief.",
                                            messages=[{"role": "user", "content": "hello"}],
                                            stop_sequences=["</action>"])
     assert [b.type for b in out.content] == ["text"] and out.content[0].text == "<action>open box"
@@ -39,7 +39,7 @@ def test_tool_use_then_tool_result_blocks_continue_the_episode_as_one_sample(gat
     key = gw.open_episode({})
     client = _client(gw, key)
     messages = [{"role": "user", "content": [{"type": "text", "text": "what is ray?"}]}]
-    first = client.messages.create(model="omrl-policy", max_tokens=64, messages=messages, tools=TOOLS,
+    first = client.messages.create(model="omrl-policy", max_tokens=256, messages=messages, tools=TOOLS,
                                    tool_choice={"type": "auto"})
     [use] = first.content
     assert first.stop_reason == "tool_use" and (use.type, use.name, use.input) == ("tool_use", "search",
@@ -47,7 +47,7 @@ def test_tool_use_then_tool_result_blocks_continue_the_episode_as_one_sample(gat
     messages += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                "content": "a distributed runtime"}]}]
-    second = client.messages.create(model="omrl-policy", max_tokens=64, messages=messages, tools=TOOLS)
+    second = client.messages.create(model="omrl-policy", max_tokens=256, messages=messages, tools=TOOLS)
     assert second.content[0].text == "Ray is a framework." and second.stop_reason == "end_turn"
     record = gw.close_episode(key)
     assert "<tool_response>\na distributed runtime\n</tool_response>" in tok.decode(record.calls[1].prompt_ids)
@@ -57,13 +57,13 @@ def test_tool_use_then_tool_result_blocks_continue_the_episode_as_one_sample(gat
 def test_a_stream_is_anthropics_events_and_the_sdk_assembles_the_message(gateway):
     gw = gateway(["open box", CALL])
     client = _client(gw, gw.open_episode({}))
-    with client.messages.stream(model="omrl-policy", max_tokens=64,
+    with client.messages.stream(model="omrl-policy", max_tokens=256,
                                 messages=[{"role": "user", "content": "go"}]) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_delta" in kinds
     assert final.content[0].text == "open box" and final.stop_reason == "end_turn"
-    with client.messages.stream(model="omrl-policy", max_tokens=64, tools=TOOLS,
+    with client.messages.stream(model="omrl-policy", max_tokens=256, tools=TOOLS,
                                 messages=[{"role": "user", "content": "go"}]) as stream:
         final = stream.get_final_message()
     assert final.content[0].input == {"query": "ray"} and final.stop_reason == "tool_use"
