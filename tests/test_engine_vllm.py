@@ -127,6 +127,59 @@ def test_same_seed_same_samples(tiny, engine, prompts):
     assert first == again
 
 
+def test_on_tokens_tells_each_steps_tokens_and_the_results_are_unchanged(engine, prompts):
+    """generate(..., on_tokens=f) runs vLLM step by step (engines/vllm_stream.py): every token told in order, the
+    results what one LLM.generate call gives on the same seeds."""
+    params = SamplingParams(max_new_tokens=16, temperature=1.0)
+    state = engine.generator.get_state()
+    plain = engine.generate(prompts, params)
+    engine.generator.set_state(state)
+    told: list[list[int]] = [[] for _ in prompts]
+    steps = []
+
+    def on_tokens(rows, tokens):
+        steps.append(len(rows))
+        for i, t in zip(rows, tokens):
+            told[i].append(t)
+
+    streamed = engine.generate(prompts, params, on_tokens=on_tokens)
+    assert [(g.token_ids, g.finish_reason, g.text) for g in streamed] == \
+        [(g.token_ids, g.finish_reason, g.text) for g in plain]
+    for g, h in zip(streamed, plain):
+        assert g.logprobs == pytest.approx(h.logprobs, abs=1e-6)
+    assert told == [g.token_ids for g in streamed]
+    assert len(steps) >= max(len(g.token_ids) for g in streamed) // 2 > 1  # told as it went, not once at the end
+
+    def fails(rows, tokens):
+        raise RuntimeError("the listener failed")
+
+    greedy = SamplingParams(max_new_tokens=8, greedy=True)
+    before = [g.token_ids for g in engine.generate(prompts, greedy)]
+    with pytest.raises(RuntimeError, match="the listener failed"):
+        engine.generate(prompts, greedy, on_tokens=fails)
+    assert not engine.llm.llm_engine.has_unfinished_requests()  # its requests were aborted
+    assert [g.token_ids for g in engine.generate(prompts, greedy)] == before
+
+
+def test_the_gateway_streams_a_vllm_reply_as_it_is_generated(engine, tiny):
+    import openai
+
+    from openmanus_rl_core.gateway.server import Gateway
+
+    _, tok, _ = tiny
+    gw = Gateway(engine, tok, "omrl-policy", keys=["key"])
+    try:
+        client = openai.OpenAI(base_url=gw.base_url, api_key="key", max_retries=0)
+        ask = dict(model="omrl-policy", messages=[{"role": "user", "content": "the quick brown"}], temperature=0,
+                   max_tokens=48)
+        whole = client.chat.completions.create(**ask).choices[0].message.content
+        deltas = [c.choices[0].delta.content for c in client.chat.completions.create(**ask, stream=True)
+                  if c.choices and c.choices[0].delta.content]
+        assert len(deltas) > 5 and "".join(deltas) == whole
+    finally:
+        gw.close()
+
+
 def test_stop_strings_and_eos_like_hf(engine, tiny, prompts):
     model, tok, _ = tiny
     free = engine.generate(prompts[:1], SamplingParams(max_new_tokens=16, greedy=True))[0]

@@ -43,7 +43,7 @@ class Timed(HFEngine):
 
 
 class Slow:
-    """The fault a keep-alive is for: an engine that cannot stream (as vLLM's offline class) and takes its time."""
+    """The fault a keep-alive is for: an engine that cannot stream (as a served model) and takes its time."""
 
     def __init__(self, engine, delay_s: float):
         self.engine, self.delay_s = engine, delay_s

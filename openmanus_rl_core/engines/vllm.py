@@ -63,13 +63,14 @@ import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from openmanus_rl_core.engines import check_prompts
+from openmanus_rl_core.engines.vllm_stream import stepped
 from openmanus_rl_core.engines.constrained import per_row
 from openmanus_rl_core.engines.vllm_sampling import RequestParams, structured_outputs_backend
 from openmanus_rl_core.engines.vllm_memory import GiB, engine_arg_exists, memory_budget, vllm_batch_defaults
@@ -378,8 +379,11 @@ class VLLMEngine:
             self._asleep = False
 
     # ---------------------------------------------------------------------------------------------- generation
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None) -> list[Generation]:
-        """One :class:`Generation` per prompt, in order, from ONE ``LLM.generate`` call over the whole batch."""
+    streams_tokens = True  # generate() takes on_tokens (engines/vllm_stream.py)
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None,
+                 on_tokens: Callable[[list[int], list[int]], None] | None = None) -> list[Generation]:
+        """One :class:`Generation` per prompt, in order, from ONE batch of requests to vLLM. ``on_tokens(indices,
+        tokens)``: told each engine step's new tokens (prompt index, token id pairs) as vLLM produces them."""
         from vllm.inputs import TokensPrompt
 
         params = params or SamplingParams()
@@ -408,7 +412,8 @@ class VLLMEngine:
             requests.append(TokensPrompt(prompt_token_ids=[int(t) for t in p]))
             sps.append(self.request_params(params, min(max_new, room), s, c))
         torch._C.set_num_threads(self.omp_threads)  # the calling thread's count, as vLLM bound it (see _start)
-        outputs = self.llm.generate(requests, sps, use_tqdm=False)
+        outputs = (self.llm.generate(requests, sps, use_tqdm=False) if on_tokens is None
+                   else stepped(self.llm.llm_engine, requests, sps, on_tokens, tag=f"omrl-{self.calls}"))
 
         gens: list[Generation] = []
         for out in outputs:

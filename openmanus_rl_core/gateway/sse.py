@@ -1,7 +1,7 @@
 """Server-sent events, the wire format of every streamed reply (chat chunks, Responses events, Messages events), and
 how a reply streams while it is generated.
 
-An engine that can (``streams_tokens``: ``hf``) tells each decoding step's tokens to the gateway's batcher, which
+An engine that can (``streams_tokens``: ``hf``, ``vllm``) tells each decoding step's tokens to the gateway's batcher, which
 hands each prompt's tokens to its own request's :class:`Feed`. The request's coroutine (:meth:`Live.events`) turns
 them into text deltas: the reply so far is decoded as the finished reply will be (``reply_text``: special tokens
 kept, the closing EOS left out) and only what follows the text already sent goes out, never a trailing U+FFFD (the
@@ -19,7 +19,7 @@ What may go out live (the rule, per choice; the rest goes out at the end, with t
   be the start of one (OpenAI leaves a stop string out of the reply).
 
 So what went out live is always the start of the finished reply's content, and the finished events send the rest.
-An engine that cannot stream (vLLM's offline ``LLM``, a served model) gets no tokens to tell; its stream sends a
+An engine that cannot stream (a served model) gets no tokens to tell; its stream sends a
 ``: keep-alive`` comment every ``Gateway.keepalive_s`` seconds until the reply is finished, as does any stream while
 no token comes (the request waits for its batch or for the engine's lock). Log-probs go out with the last delta.
 """
