@@ -246,10 +246,11 @@ def test_vllm_decodes_under_the_same_constraints(tmp_path, tok):
     from openmanus_rl_core.engines.vllm import VLLMEngine
 
     model = build_tiny_model(tok, hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256,
-                             max_position_embeddings=512, seed=0)
+                             max_position_embeddings=2048, seed=0)
     model.save_pretrained(str(tmp_path))
     tok.save_pretrained(str(tmp_path))
-    eng = VLLMEngine(str(tmp_path), tok, dtype="float32", seed=0, max_model_len=512, enforce_eager=True)
+    # 2048 positions: the gateway's request below renders two tools' schemas into the prompt (about 500 tokens)
+    eng = VLLMEngine(str(tmp_path), tok, dtype="float32", seed=0, max_model_len=2048, enforce_eager=True)
     try:
         prompts = _prompts(tok, 4)
         gens = eng.generate(prompts, SamplingParams(
@@ -265,6 +266,24 @@ def test_vllm_decodes_under_the_same_constraints(tmp_path, tok):
         unmasked = torch.log_softmax(logits, -1).gather(-1, torch.tensor(gens[2].token_ids)[:, None])[:, 0]
         assert all(r >= float(u) - 1e-4 for r, u in zip(gens[2].logprobs, unmasked))
         assert gens[2].logprobs[-1] == pytest.approx(0.0, abs=1e-5)
+        # Through the gateway: tool_choice="required" on vLLM, the call read back by the family's parser.
+        import openai
+
+        from openmanus_rl_core.gateway.server import Gateway
+
+        gw = Gateway(eng, tok, "omrl-policy", keys=["key"])
+        try:
+            client = openai.OpenAI(base_url=gw.base_url, api_key="key", max_retries=0)
+            out = client.chat.completions.create(
+                model="omrl-policy", messages=[{"role": "user", "content": "the weather in city 3"}],
+                tools=[{"type": "function", "function": t} for t in TOOLS], tool_choice="required", max_tokens=200)
+            assert out.choices[0].finish_reason == "tool_calls", out.choices[0]
+            calls = out.choices[0].message.tool_calls
+            assert calls
+            for call in calls:
+                _check_call({"name": call.function.name, "arguments": json.loads(call.function.arguments)})
+        finally:
+            gw.close()
     finally:
         eng.close()
 
