@@ -2,6 +2,7 @@
 
     python bench/gateway.py parity [--seeds 0,1,2] [--agent function|command] [hydra overrides ...]
     python bench/gateway.py throughput [--episodes 64] [--repeats 3] [model overrides ...]
+    python bench/gateway.py latency [--requests 200] [--repeats 3]
 
 ``parity``: for each seed, ``openmanus-rl train`` (the embedded default: key_door, the same warm-up, 60 GRPO steps)
 twice, each in a fresh process: with the built-in loop, and with ``examples/key_door_agent.py`` behind the gateway
@@ -13,6 +14,13 @@ key_door episodes at once, no training: the built-in loop's samples/s against th
 (``agent.max_concurrent`` = all of them), timed on a second batch of tasks after an untimed first one (the engine's
 first calls). Each side runs in a fresh process, ``--repeats`` times; the median and the load average are
 printed.
+
+``latency``: what one request costs the gateway itself. An agent's sequential chat requests (``max_tokens=1``, one
+keep-alive connection, the ``httpx`` client the ``openai`` SDK uses) to a gateway on the embedded default's size of
+model, as in a training run (the one agent counted as running: the batcher waits for no other request), against
+the engine's own ``generate`` of the same prompt for one token, in the same process; each
+``--repeats`` run in a fresh process. The table gives the median milliseconds per request of each and their
+difference, the gateway's HTTP, parsing, rendering and recording.
 """
 
 from __future__ import annotations
@@ -84,10 +92,9 @@ def _engine_and_env(model_dir: str):
 
 def one_side(side: str, model_dir: str, episodes: int) -> float:
     """Samples/s of one side, in this process."""
-    import types
-
     import torch
 
+    from openmanus_rl_core.config.agent import AgentConfig
     from openmanus_rl_core.gateway.rollout import AgentRollout
     from openmanus_rl_core.plugin.registry import build
     from openmanus_rl_core.rollout import AgentLoop
@@ -101,8 +108,7 @@ def one_side(side: str, model_dir: str, episodes: int) -> float:
     if side == "loop":
         runner = AgentLoop(engine, tok, template, lambda: build("env", {"name": "key_door", "kwargs": {}}), rcfg)
     else:
-        agent = types.SimpleNamespace(command=None, function="examples.key_door_agent:play",
-                                      max_concurrent=episodes, timeout_s=300.0, model_name="omrl-policy")
+        agent = AgentConfig(function="examples.key_door_agent:play", max_concurrent=episodes, timeout_s=300.0)
         runner = AgentRollout(engine, tok, template, agent, lambda: 0, rcfg.gen_wait_ms / 1000.0).sampling(rcfg)
     runner.run(tasks)  # untimed: the engine's first calls (allocations, kernels) are not what is compared
     tasks = [dict(t, task_id=(t["task_id"] + episodes) % 240) for t in tasks]
@@ -127,7 +133,9 @@ def throughput(episodes: int, repeats: int, overrides: list[str]) -> None:
             for side in rates:
                 env = dict(os.environ, PYTHONPATH=str(ROOT))
                 out = subprocess.run([sys.executable, __file__, "one-side", side, str(model), str(episodes)],
-                                     check=True, capture_output=True, text=True, env=env, cwd=ROOT)
+                                     capture_output=True, text=True, env=env, cwd=ROOT)
+                if out.returncode != 0:
+                    raise SystemExit(f"{side} failed ({out.returncode}):\n{out.stderr[-3000:]}")
                 rates[side].append(float(out.stdout.strip().splitlines()[-1]))
                 print(f"  {side}: {rates[side][-1]:.1f} samples/s (load {os.getloadavg()[0]:.1f})", flush=True)
     loop, gw = statistics.median(rates["loop"]), statistics.median(rates["gateway"])
@@ -140,7 +148,68 @@ def throughput(episodes: int, repeats: int, overrides: list[str]) -> None:
     print(f"| gateway / loop | {gw / loop:.2f} | |")
 
 
+def latency_once(requests: int) -> dict:
+    """Median ms of one request through the gateway and of the engine's generate alone, in this process."""
+    import httpx
+    import torch
+
+    from openmanus_rl_core.engines.hf import HFEngine
+    from openmanus_rl_core.gateway.server import Gateway
+    from openmanus_rl_core.models.loading import build_tiny_model, build_tokenizer
+    from openmanus_rl_core.protocols import SamplingParams
+
+    torch.set_num_threads(1)
+    tok = build_tokenizer([f"room {i} has a key and a door; take key, open door" for i in range(200)], vocab_size=1024)
+    model = build_tiny_model(tok, seed=0, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                             intermediate_size=256)
+    engine = HFEngine(model, tok, seed=0, num_threads=1)
+    gw = Gateway(engine, tok, "omrl-policy")
+    body = {"model": "omrl-policy", "max_tokens": 1,
+            "messages": [{"role": "user", "content": "You are in room 3. The door is locked. What do you do?"}]}
+    try:
+        key = gw.open_episode({"task_id": 0})
+        gw.running.add(key)  # as in a run: its agent counted as running, so no request waits for company
+        gateway_ms = []
+        with httpx.Client(base_url=gw.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
+            for i in range(requests + 10):  # the first 10 untimed
+                t0 = time.perf_counter()
+                assert client.post("/chat/completions", json=body).status_code == 200
+                if i >= 10:
+                    gateway_ms.append(1000 * (time.perf_counter() - t0))
+        prompt = gw.close_episode(key).calls[0].prompt_ids  # what the engine was given
+    finally:
+        gw.close()
+    engine_ms = []
+    for i in range(requests + 10):
+        t0 = time.perf_counter()
+        engine.generate([prompt], SamplingParams(max_new_tokens=1))
+        if i >= 10:
+            engine_ms.append(1000 * (time.perf_counter() - t0))
+    return {"gateway_ms": statistics.median(gateway_ms), "engine_ms": statistics.median(engine_ms)}
+
+
+def latency(requests: int, repeats: int) -> None:
+    runs = []
+    for _ in range(repeats):
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        out = subprocess.run([sys.executable, __file__, "latency-once", str(requests)], check=True,
+                             capture_output=True, text=True, env=env, cwd=ROOT)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"  request {runs[-1]['gateway_ms']:.2f} ms, engine {runs[-1]['engine_ms']:.2f} ms "
+              f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    g = statistics.median(r["gateway_ms"] for r in runs)
+    e = statistics.median(r["engine_ms"] for r in runs)
+    print(f"\n{requests} sequential requests (max_tokens=1, one keep-alive connection), the embedded default's size, "
+          f"median of {repeats} fresh processes, load average {os.getloadavg()[0]:.1f}")
+    print("| ms per request: through the gateway | the engine's generate alone | the gateway's own |")
+    print("|---|---|---|")
+    print(f"| {g:.2f} | {e:.2f} | {g - e:.2f} |")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["latency-once"]:
+        print(json.dumps(latency_once(int(sys.argv[2]))))
+        return
     if sys.argv[1:2] == ["one-side"]:
         print(one_side(sys.argv[2], sys.argv[3], int(sys.argv[4])))
         return
@@ -154,8 +223,13 @@ def main() -> None:
     t.add_argument("--episodes", type=int, default=64)
     t.add_argument("--repeats", type=int, default=3)
     t.add_argument("overrides", nargs="*", help="the model's settings, e.g. model.tiny.hidden_size=256")
+    lat = sub.add_parser("latency")
+    lat.add_argument("--requests", type=int, default=200)
+    lat.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    if args.what == "parity":
+    if args.what == "latency":
+        latency(args.requests, args.repeats)
+    elif args.what == "parity":
         parity([int(s) for s in args.seeds.split(",")], args.agent, args.overrides)
     else:
         throughput(args.episodes, args.repeats, args.overrides)
