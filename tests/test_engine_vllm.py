@@ -27,6 +27,7 @@ from openmanus_rl_core.engines.hf import HFEngine  # noqa: E402
 from openmanus_rl_core.engines.vllm import VLLMEngine  # noqa: E402
 from openmanus_rl_core.models.loading import build_tiny_model, build_tokenizer  # noqa: E402
 from openmanus_rl_core.protocols import Generation, RolloutEngine, SamplingParams  # noqa: E402
+from told import Told  # noqa: E402
 
 TOL = 1e-4  # absolute log-prob difference allowed (float32 on both sides; measured ~5e-7)
 
@@ -134,21 +135,14 @@ def test_on_tokens_tells_each_steps_tokens_and_the_results_are_unchanged(engine,
     state = engine.generator.get_state()
     plain = engine.generate(prompts, params)
     engine.generator.set_state(state)
-    told: list[list[int]] = [[] for _ in prompts]
-    steps = []
-
-    def on_tokens(rows, tokens):
-        steps.append(len(rows))
-        for i, t in zip(rows, tokens):
-            told[i].append(t)
-
-    streamed = engine.generate(prompts, params, on_tokens=on_tokens)
+    told = Told(len(prompts))
+    streamed = engine.generate(prompts, params, on_tokens=told)
     assert [(g.token_ids, g.finish_reason, g.text) for g in streamed] == \
         [(g.token_ids, g.finish_reason, g.text) for g in plain]
     for g, h in zip(streamed, plain):
         assert g.logprobs == pytest.approx(h.logprobs, abs=1e-6)
-    assert told == [g.token_ids for g in streamed]
-    assert len(steps) >= max(len(g.token_ids) for g in streamed) // 2 > 1  # told as it went, not once at the end
+    assert told.tokens == [g.token_ids for g in streamed]
+    assert len(told.steps) >= max(len(g.token_ids) for g in streamed) // 2 > 1  # told as it went, not once at the end
 
     def fails(rows, tokens):
         raise RuntimeError("the listener failed")

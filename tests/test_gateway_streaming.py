@@ -21,6 +21,7 @@ from openmanus_rl_core.engines.hf import HFEngine
 from openmanus_rl_core.gateway.server import Gateway
 from openmanus_rl_core.models.loading import load_model_and_tokenizer
 from openmanus_rl_core.protocols import SamplingParams
+from told import Told
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -86,19 +87,12 @@ def test_the_engine_tells_each_steps_tokens_and_its_results_are_unchanged(policy
     prompts = [tok.encode(m, add_special_tokens=False) for m in ("room 1 has a box", "open door", "take key")]
     params = SamplingParams(max_new_tokens=40, temperature=1.0)
     plain = HFEngine(model, tok, seed=3, num_threads=1).generate(prompts, params)
-    told: list[list[int]] = [[] for _ in prompts]
-    steps = []
-
-    def on_tokens(rows, tokens):
-        steps.append(len(rows))
-        for i, t in zip(rows, tokens):
-            told[i].append(t)
-
-    streamed = HFEngine(model, tok, seed=3, num_threads=1).generate(prompts, params, on_tokens=on_tokens)
+    told = Told(len(prompts))
+    streamed = HFEngine(model, tok, seed=3, num_threads=1).generate(prompts, params, on_tokens=told)
     assert [(g.token_ids, g.logprobs, g.finish_reason) for g in streamed] == \
         [(g.token_ids, g.logprobs, g.finish_reason) for g in plain]  # sampled alike, bit for bit
-    assert told == [g.token_ids for g in streamed]  # each row's tokens, in order, the EOS included
-    assert len(steps) == max(len(g.token_ids) for g in streamed)  # one call per decoding step
+    assert told.tokens == [g.token_ids for g in streamed]  # each row's tokens, in order, the EOS included
+    assert len(told.steps) == max(len(g.token_ids) for g in streamed)  # one call per decoding step
 
 
 def test_a_streamed_chat_reply_arrives_in_deltas_before_the_engine_ends_and_joins_to_the_reply(serve):
