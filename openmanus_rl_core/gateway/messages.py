@@ -165,15 +165,25 @@ def _messages(m: Any, where: str) -> list[dict]:
             raise ApiError(400, f"{at}: blocks of type {kind!r} are not served in a {role} message (a user's: "
                                 f"text, tool_result; an assistant's: text, thinking, tool_use)"[:300], param=at)
         read(turn, block, at)
-    if role == "assistant":
-        think = f"<think>{turn.think}</think>" if turn.think is not None else ""
-        message = {"role": "assistant", "content": think + "".join(turn.texts)}
-        if turn.calls:
-            message["tool_calls"] = turn.calls
-        return [message]
+    return FINISH[role](turn)
+
+
+def _assistant_turn(turn: _Turn) -> list[dict]:
+    think = f"<think>{turn.think}</think>" if turn.think is not None else ""
+    message = {"role": "assistant", "content": think + "".join(turn.texts)}
+    if turn.calls:
+        message["tool_calls"] = turn.calls
+    return [message]
+
+
+def _user_turn(turn: _Turn) -> list[dict]:
     if turn.texts or not turn.results:
         turn.results.append({"role": "user", "content": "".join(turn.texts)})
     return turn.results
+
+
+# A message's chat messages, from what its blocks put in the turn, by role.
+FINISH = {"user": _user_turn, "assistant": _assistant_turn}
 
 
 def build(call: MessagesCall, generated: Any, model: str, message_id: str | None = None) -> dict:
@@ -222,16 +232,7 @@ async def stream(call: MessagesCall, live: Any, model: str) -> AsyncIterator[byt
                     "usage": {"input_tokens": live.prompt_tokens}})
     opened: dict[str, int] = {}  # the blocks started live: type -> index
     async for item in live.events():
-        if item is None:
-            yield KEEPALIVE
-        elif item[1] == "reasoning":
-            opened["thinking"] = len(opened)
-            yield b"".join(_block(opened["thinking"], {"type": "thinking", "thinking": item[2], "signature": ""}))
-        else:
-            if "text" not in opened:
-                opened["text"] = len(opened)
-                yield _event("content_block_start", index=opened["text"], content_block={"type": "text", "text": ""})
-            yield _event("content_block_delta", index=opened["text"], delta={"type": "text_delta", "text": item[2]})
+        yield KEEPALIVE if item is None else _LIVE[item[1]](opened, item[2])
     try:
         generated = await live.result()
     except Exception as exc:  # the engine failed: the stream ends on Anthropic's error event
@@ -249,6 +250,25 @@ async def stream(call: MessagesCall, live: Any, model: str) -> AsyncIterator[byt
     yield b"".join(_ended(message))
 
 
+def _live_reasoning(opened: dict[str, int], text: str) -> bytes:
+    """The reasoning, whole once its block closed: a thinking block of its own."""
+    opened["thinking"] = len(opened)
+    return b"".join(_block(opened["thinking"], {"type": "thinking", "thinking": text, "signature": ""}))
+
+
+def _live_text(opened: dict[str, int], text: str) -> bytes:
+    """A text delta, the text block started with the first."""
+    start = b""
+    if "text" not in opened:
+        opened["text"] = len(opened)
+        start = _event("content_block_start", index=opened["text"], content_block={"type": "text", "text": ""})
+    return start + _event("content_block_delta", index=opened["text"], delta={"type": "text_delta", "text": text})
+
+
+# What goes out live, by the kind Live.events() names it.
+_LIVE = {"reasoning": _live_reasoning, "content": _live_text}
+
+
 def _event(kind: str, **fields: Any) -> bytes:
     return sse(dict(type=kind, **fields), event=kind)
 
@@ -259,14 +279,17 @@ def _started(message: dict) -> bytes:
     return _event("message_start", message=start)
 
 
+# A content block's type: its fields as the block's start sends them (empty), and the one delta that fills them.
+_DELTAS = {
+    "text": lambda b: ({"text": ""}, {"type": "text_delta", "text": b["text"]}),
+    "thinking": lambda b: ({"thinking": ""}, {"type": "thinking_delta", "thinking": b["thinking"]}),
+    "tool_use": lambda b: ({"input": {}}, {"type": "input_json_delta", "partial_json": json.dumps(b["input"])}),
+}
+
+
 def _block(index: int, block: dict) -> Iterator[bytes]:
-    if block["type"] == "text":
-        first, delta = dict(block, text=""), {"type": "text_delta", "text": block["text"]}
-    elif block["type"] == "thinking":
-        first, delta = dict(block, thinking=""), {"type": "thinking_delta", "thinking": block["thinking"]}
-    else:
-        first = dict(block, input={})
-        delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+    empty, delta = _DELTAS[block["type"]](block)
+    first = dict(block, **empty)
     yield _event("content_block_start", index=index, content_block=first)
     yield _event("content_block_delta", index=index, delta=delta)
     yield _event("content_block_stop", index=index)

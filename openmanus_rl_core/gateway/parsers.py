@@ -185,21 +185,23 @@ def _parameter_types(tools: list | None) -> dict[str, dict[str, Any]]:
 _PY_WORDS = {"True": True, "False": False, "None": None}
 
 
+# How a value read as JSON is taken for its schema's type: a string is the text as written, a number a float; without
+# a schema, a JSON string is the text as written. Any other type takes the value as read.
+_AS_TYPE = {"string": lambda text, value: text,
+            "number": lambda text, value: float(value) if type(value) is int else value,
+            None: lambda text, value: text if isinstance(value, str) else value}
+
+
 def _typed(text: str, kind: Any) -> Any:
     """An untyped argument value as its schema's type; without a schema, JSON if it reads as JSON, else text."""
-    if kind == "string":
-        return text
     if text in _PY_WORDS:  # the template writes non-JSON scalars with Python's str()
-        return _PY_WORDS[text]
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    if kind is None and isinstance(value, str):
-        return text
-    if kind == "number" and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    return value
+        value = _PY_WORDS[text]
+    else:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+    return _AS_TYPE.get(kind, lambda text, value: value)(text, value)
 
 
 class Llama3JsonParser(ToolParser):
