@@ -282,6 +282,9 @@ class RowMatchers:
         nbytes, ptr = self._bits.shape[1] * 4, self._bits.ctypes.data
         rows = [(r, m) for r, m in enumerate(self.matchers) if m is not None]
         self._targets = [(r, m, ptr + i * nbytes) for i, (r, m) in enumerate(rows)]
+        n = len(rows)
+        self._rows = [r for r, _ in rows]
+        self._src, self._dst, self._view = self._bytes[:n], self._flags[:n], self._forbid[:n, :self.vocab]
 
     @classmethod
     def start(cls, grammars: Grammars | None, constraint: Any, rows: int, vocab: int) -> "RowMatchers | None":
@@ -297,18 +300,18 @@ class RowMatchers:
     def _forbidden(self) -> tuple[list[int], torch.Tensor]:
         """``(constrained rows, forbidden [n, vocab] bool)`` for the next token (a view of a buffer the next call
         overwrites). A row whose grammar allows nothing (a dead grammar) may only end: EOS."""
-        n, nbytes = len(self._targets), self._bits.shape[1] * 4
+        nbytes = self._bits.shape[1] * 4
         # One matcher at a time: measured faster here than llguidance's parallel executor for a batch of 8
         # (49 against 64 us a step), whose threads cost more than they save on small grammars.
         for _, m, ptr in self._targets:
             m.unsafe_compute_mask_ptr(ptr, nbytes)
-        self._table.take(self._bytes[:n], axis=0, out=self._flags[:n])
-        forbid = self._forbid[:n, :self.vocab]
+        self._table.take(self._src, axis=0, out=self._dst)
+        forbid = self._view
         for i, (_, m, _) in enumerate(self._targets):
             if m.is_error():  # a matcher in error allows no token
                 log.warning("constrained decoding: the grammar failed (%s); the reply ends", m.get_error())
                 forbid[i, self.eos] = False
-        return [r for r, _, _ in self._targets], forbid
+        return self._rows, forbid
 
     def mask(self, z: torch.Tensor) -> torch.Tensor:
         """``z`` [B, V] with the tokens each constrained row's grammar forbids set to ``-inf``, in place
