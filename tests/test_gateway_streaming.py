@@ -243,10 +243,12 @@ def test_an_engine_that_cannot_stream_sends_keep_alives_then_the_reply(serve):
 
 def _live(parser, text, tok, hold_all=False, stops=()):
     """What goes out live as ``text`` is generated token by token (the rule of gateway/sse.py)."""
+    from openmanus_rl_core.gateway.reasoning import reasoning_parser_for
     from openmanus_rl_core.gateway.sse import LiveText
     from openmanus_rl_core.gateway.tools import reply_text
 
-    ids, live, out = tok.encode(text, add_special_tokens=False), LiveText(parser, hold_all, list(stops)), []
+    live = LiveText(reasoning_parser_for(parser), hold_all, list(stops))
+    ids, out = tok.encode(text, add_special_tokens=False), []
     for n in range(1, len(ids) + 1):
         out += live.advance(reply_text(tok, ids[:n]))
     return out, live

@@ -26,6 +26,12 @@ class ReasoningParser:
     def split(self, text: str) -> tuple[str | None, str]:
         return None, text
 
+    def live(self, text: str) -> tuple[str | None, str] | None:
+        """What of ``text``, a reply still being generated, may go out now, as ``split`` reads it: ``(reasoning or
+        None, the content so far)``; None while nothing may (the reasoning can still change where it ends). Here:
+        nothing until the reply is whole."""
+        return None
+
 
 class ThinkParser(ReasoningParser):
     """``<think>...</think>`` before the answer. A reply with ``</think>`` but no ``<think>`` began inside the
@@ -41,6 +47,11 @@ class ThinkParser(ReasoningParser):
         if text.lstrip().startswith("<think>"):
             return text.lstrip()[len("<think>"):].strip("\n"), ""
         return None, text
+
+    def live(self, text: str) -> tuple[str | None, str] | None:
+        """Once the block has closed: the whole reasoning, then the answer as it grows. Before that, nothing: a
+        reply without ``<think>`` may still close a block the prompt opened."""
+        return self.split(text) if "</think>" in text else None
 
 
 class HarmonyReasoning(ReasoningParser):
@@ -59,6 +70,9 @@ class HarmonyReasoning(ReasoningParser):
 
 class NoReasoning(ReasoningParser):
     name = "none"
+
+    def live(self, text: str) -> tuple[str | None, str] | None:
+        return None, text
 
 
 REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {

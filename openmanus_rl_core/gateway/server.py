@@ -333,7 +333,7 @@ class Gateway:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure nobody read is no log noise
         hold = bool(req.tools) and tools_in_prompt(req.tool_choice)  # a tool parser must see the whole reply
         stops = [] if req.include_stop else req.stop  # left out of the reply: never sent live
-        texts = [LiveText(self.renderer.reasoning_parser.name, hold, stops) for _ in range(req.n)]
+        texts = [LiveText(self.renderer.reasoning_parser, hold, stops) for _ in range(req.n)]
         return Live(feed, task, texts, lambda ids: reply_text(self.tokenizer, ids), len(prompt), self.keepalive_s)
 
     def prepare(self, record: EpisodeRecord | None, req: ChatRequest) -> tuple[list[int], SamplingParams, bool]:

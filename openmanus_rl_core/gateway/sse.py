@@ -14,7 +14,8 @@ What may go out live (the rule, per choice; the rest goes out at the end, with t
 - the family's reasoning parser ``none``: the text, live;
 - ``think``: nothing until ``</think>``; then the reasoning, whole, and the text after it, live (its leading
   newlines held until other text comes). A reply that never closes the block is all reasoning, sent at the end;
-- any other reasoning parser (gpt-oss's harmony channels): nothing live;
+- any other reasoning parser (gpt-oss's harmony channels): nothing live. Each parser says this itself
+  (``ReasoningParser.live``);
 - held back in every case: the text from the first of the request's ``stop`` strings on, and an ending that could
   be the start of one (OpenAI leaves a stop string out of the reply).
 
@@ -30,6 +31,8 @@ import asyncio
 import json
 import threading
 from typing import Any, AsyncIterator
+
+from openmanus_rl_core.gateway.reasoning import ReasoningParser
 
 KEEPALIVE = b": keep-alive\n\n"
 
@@ -100,7 +103,7 @@ class LiveText:
     """One choice's text as it may go out live (the rule in the module doc). ``advance(text)`` with the reply so far
     gives what is new: ``("reasoning", whole reasoning)`` once, ``("content", delta)``."""
 
-    def __init__(self, reasoning: str, hold_all: bool, stops: list[str]):
+    def __init__(self, reasoning: ReasoningParser, hold_all: bool, stops: list[str]):
         self.reasoning, self.hold_all, self.stops = reasoning, hold_all, [s for s in stops if s]
         self.sent = ""  # the content sent so far
         self.thought: str | None = None  # the reasoning, once sent
@@ -117,17 +120,14 @@ class LiveText:
         return text[:cut].rstrip("\ufffd")
 
     def advance(self, text: str) -> list[tuple[str, str]]:
-        if self.hold_all or self.reasoning not in ("none", "think"):
+        live = None if self.hold_all else self.reasoning.live(self._visible(text))
+        if live is None:
             return []
-        visible, out = self._visible(text), []
-        if self.reasoning == "think":
-            if "</think>" not in visible:
-                return []
-            thought, _, visible = visible.partition("</think>")
-            if self.thought is None:  # as ThinkParser.split reads it
-                self.thought = thought.split("<think>", 1)[-1].strip("\n")
-                out.append(("reasoning", self.thought))
-            visible = visible.lstrip("\n")
+        thought, visible = live
+        out = []
+        if thought is not None and self.thought is None:
+            self.thought = thought
+            out.append(("reasoning", thought))
         if len(visible) > len(self.sent) and visible.startswith(self.sent):
             out.append(("content", visible[len(self.sent):]))
             self.sent = visible
