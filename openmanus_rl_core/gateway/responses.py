@@ -31,7 +31,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from pydantic import TypeAdapter
 
@@ -157,46 +157,71 @@ def input_messages(items: Any) -> list[dict]:
         return []
     if not isinstance(items, list):
         raise ApiError(400, "input must be a string or a list of items", param="input")
-    messages: list[dict] = []
-    turn: dict | None = None  # the assistant turn the next function_call joins
-    think: str | None = None  # a reasoning item's text, for the assistant turn that follows it
+    transcript = _Transcript()
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise ApiError(400, f"{where} must be an object", param=where)
         kind = item.get("type", "message")
-        if kind == "reasoning":
-            think = (think or "") + _reasoning_text(item, where)
-        elif kind == "message" and item.get("role") == "assistant":
-            turn = {"role": "assistant", "content": _with_think(think, _text(item.get("content"), where + ".content"))}
-            think = None
-            messages.append(turn)
-        elif kind == "message":
-            role = item.get("role")
-            if role not in ("user", "system", "developer"):
-                raise ApiError(400, f"{where}.role must be user, assistant, system or developer, got {role!r}",
-                               param=where)
-            messages.append({"role": "system" if role == "developer" else role,
-                             "content": _text(item.get("content"), where + ".content")})
-            turn = None
-        elif kind == "function_call":
-            if turn is None or think is not None:
-                turn = {"role": "assistant", "content": _with_think(think, "")}
-                think = None
-                messages.append(turn)
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
-            turn.setdefault("tool_calls", []).append(template_call(call, where))
-        elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": _text(item.get("output"), where + ".output")})
-            turn = None
-        else:
-            raise ApiError(400, f"{where}: items of type {kind!r} are not served (message, function_call, "
-                                f"function_call_output and reasoning are)", param=where)
-    if think is not None:  # reasoning the conversation ends on: an assistant turn of its own
-        messages.append({"role": "assistant", "content": _with_think(think, "")})
-    return messages
+        fold = ITEMS.get(kind)
+        if fold is None:
+            raise ApiError(400, f"{where}: items of type {kind!r} are not served ({', '.join(ITEMS)} are)",
+                           param=where)
+        fold(transcript, item, where)
+    return transcript.end()
+
+
+class _Transcript:
+    """Input items folded into chat messages, one item at a time: ``turn`` is the assistant turn the next
+    ``function_call`` joins, ``think`` a reasoning item's text kept for the assistant turn that follows it."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict] = []
+        self.turn: dict | None = None
+        self.think: str | None = None
+
+    def _assistant(self, text: str) -> None:
+        self.turn = {"role": "assistant", "content": _with_think(self.think, text)}
+        self.think = None
+        self.messages.append(self.turn)
+
+    def reasoning(self, item: dict, where: str) -> None:
+        self.think = (self.think or "") + _reasoning_text(item, where)
+
+    def message(self, item: dict, where: str) -> None:
+        role = item.get("role")
+        if role == "assistant":
+            self._assistant(_text(item.get("content"), where + ".content"))
+            return
+        if role not in ("user", "system", "developer"):
+            raise ApiError(400, f"{where}.role must be user, assistant, system or developer, got {role!r}",
+                           param=where)
+        self.messages.append({"role": "system" if role == "developer" else role,
+                              "content": _text(item.get("content"), where + ".content")})
+        self.turn = None
+
+    def function_call(self, item: dict, where: str) -> None:
+        if self.turn is None or self.think is not None:
+            self._assistant("")
+        call = {"id": item.get("call_id"), "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+        self.turn.setdefault("tool_calls", []).append(template_call(call, where))
+
+    def function_call_output(self, item: dict, where: str) -> None:
+        self.messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                              "content": _text(item.get("output"), where + ".output")})
+        self.turn = None
+
+    def end(self) -> list[dict]:
+        if self.think is not None:  # reasoning the conversation ends on: an assistant turn of its own
+            self._assistant("")
+        return self.messages
+
+
+ITEMS: dict[str, Callable[[_Transcript, dict, str], None]] = {
+    "message": _Transcript.message, "function_call": _Transcript.function_call,
+    "function_call_output": _Transcript.function_call_output, "reasoning": _Transcript.reasoning}
+"""The input item types served, each folded into the transcript by its method."""
 
 
 def _with_think(think: str | None, text: str) -> str:
