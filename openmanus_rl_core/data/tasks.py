@@ -37,13 +37,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from openmanus_rl_core.atomic import write_atomic
 from openmanus_rl_core.data.columns import COLUMNS, DataError
 from openmanus_rl_core.data.openmanus_layout import OPENMANUS_COLUMNS, read_openmanus
 
@@ -260,16 +260,7 @@ def write_tasks(path: str | os.PathLike, tasks: Sequence[dict]) -> Path:
         arrays.append(arr)
         fields.append(pa.field(k, arr.type))
     table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda f: pq.write_table(table, f), durable=True)
     from openmanus_rl_core.checkpoint.store import fsync_dir  # the checkpoint module owns durability; imported late (torch)
 
     fsync_dir(path.parent)

@@ -27,6 +27,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from openmanus_rl_core.atomic import write_atomic
+
 FOLDER = "agents"
 # What names a task row and its sample (the row's own identity where it has one: a task file's item_id, a mix's source)
 TASK_KEYS = ("task_id", "seed", "group_id", "sample_index", "item_id", "data_source", "source")
@@ -60,10 +62,7 @@ def write_records(run_dir: str | os.PathLike, step: int, records: Sequence[dict]
         return None
     path = records_path(run_dir, step, prefix)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, "".join(json.dumps(r, default=str) + "\n" for r in records))
 
 
 def no_call_line(episodes: Sequence[Any], where: str) -> str | None:

@@ -36,6 +36,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from openmanus_rl_core.atomic import write_atomic
+
 FORMAT = 1
 FOLDER = "rollouts"
 _STEP_FILE = re.compile(r"^step_(\d+)\.parquet$")
@@ -131,12 +133,7 @@ def write_dump(folder: str | os.PathLike, step: int, batch: Any, fingerprint: st
     meta = {"format": FORMAT, "step": int(step), "model": fingerprint, "rows": len(batch), "widths": widths}
     table = pa.table(arrays).replace_schema_metadata({"openmanus_rl": json.dumps(meta)})
     path = dump_path(folder, step)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        pq.write_table(table, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: pq.write_table(table, f), durable=True)
     return path, _sha256(path)
 
 
@@ -200,9 +197,7 @@ class RolloutDumps:
         self.written[path.name] = sha
         left_out = self.folder / f"dropped_{int(step):06d}.jsonl"
         if dropped:
-            tmp = left_out.with_name(f".{left_out.name}.tmp-{os.getpid()}")
-            tmp.write_text("".join(json.dumps(dict(d), sort_keys=True) + "\n" for d in dropped))
-            os.replace(tmp, left_out)
+            write_atomic(left_out, "".join(json.dumps(dict(d), sort_keys=True) + "\n" for d in dropped))
             self.written[left_out.name] = _sha256(left_out)
         elif left_out.exists():  # a killed run's attempt at this step left some out; this one did not
             left_out.unlink()

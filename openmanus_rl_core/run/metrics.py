@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-
+from openmanus_rl_core.atomic import write_atomic
 
 __all__ = [
     "MetricsLogger",
@@ -119,9 +119,7 @@ class MetricsLogger:
             if resume_step is None or rec.get("step", -1) <= resume_step:
                 keep.append(line)
         if len(keep) != len(lines) or (raw and not raw.endswith("\n")):
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-            os.replace(tmp, self.path)
+            write_atomic(self.path, "".join(line + "\n" for line in keep))
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float | None]:
         """Write ``metrics`` for ``step``; returns the record as written (without ``step``)."""

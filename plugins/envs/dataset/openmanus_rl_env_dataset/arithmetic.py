@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from openmanus_rl_core.atomic import write_atomic
 
 __all__ = ["arithmetic_rows", "make_arithmetic", "DATA_SOURCE"]
 
@@ -76,12 +77,4 @@ def make_arithmetic(path: str | os.PathLike, n: int = 400, seed: int = 0, val_fr
     path = Path(os.fspath(path)).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(arithmetic_rows(n, seed, val_fraction))
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pq.write_table(table, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, lambda f: pq.write_table(table, f))

@@ -32,6 +32,8 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping
 
+from openmanus_rl_core.atomic import write_atomic
+
 __all__ = ["POOL", "POOL_GAMES", "PoolOpponent", "check", "check_run", "default_dir", "write_snapshot", "snapshots",
            "choose", "training_step", "load", "saved", "put_back"]
 
@@ -90,11 +92,7 @@ def write_snapshot(pool_dir: str | Path, step: int, game_string: str,
     body = {"game": game_string, "step": int(step),
             "table": [[player, info, {str(a): float(p) for a, p in probs.items()}]
                       for (player, info), probs in table.items()]}
-    path = folder / f"step_{int(step)}.json"
-    tmp = folder / f".step_{int(step)}.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(body))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(folder / f"step_{int(step)}.json", json.dumps(body))
 
 
 def snapshots(pool_dir: str | Path) -> list[int]:
@@ -155,9 +153,7 @@ def put_back(pool_dir: str | Path, kept: Mapping[int, bytes]) -> tuple[list[int]
         path = folder / f"step_{int(step)}.json"
         if path.is_file() and path.read_bytes() == body:
             continue
-        tmp = folder / f".step_{int(step)}.json.{os.getpid()}.tmp"
-        tmp.write_bytes(body)
-        os.replace(tmp, path)
+        write_atomic(path, body)
         written.append(int(step))
     removed = [s for s in snapshots(folder) if s not in kept]
     for step in removed:
