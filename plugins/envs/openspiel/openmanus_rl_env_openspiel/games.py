@@ -9,7 +9,8 @@ same information state.
 from __future__ import annotations
 
 import difflib
-from typing import Any
+import re
+from typing import Any, Callable
 
 __all__ = ["load", "check_game", "describe", "header", "legal_texts", "match_action", "moves_so_far", "outcome_text"]
 
@@ -83,12 +84,41 @@ def moves_so_far(state: Any) -> list[str]:
     return moves
 
 
+_RANKS = ("Jack", "Queen", "King", "Ace")
+
+
+def _rank(rank: int) -> str:
+    return _RANKS[rank] if rank < len(_RANKS) else f"rank {rank}"
+
+
+def _kuhn_cards(state: Any, player: int) -> list[str]:
+    """Kuhn Poker deals card ``c`` (rank ``c``, the lowest 0) to each player in seat order, first thing."""
+    dealt = state.history()
+    return [f"Your card: {_rank(dealt[player])}"] if len(dealt) > player else []
+
+
+def _leduc_cards(state: Any, player: int) -> list[str]:
+    """Leduc Poker's cards come in two suits: card ``c`` has rank ``c // 2``."""
+    text = state.information_state_string(player)
+    private, public = re.search(r"\[Private: (\d+)\]", text), re.search(r"\[Public: (\d+)\]", text)
+    lines = [f"Your card: {_rank(int(private[1]) // 2)}"] if private else []
+    return lines + ([f"Public card: {_rank(int(public[1]) // 2)}"] if public else [])
+
+
+CARDS_IN_WORDS: dict[str, Callable[[Any, int], list[str]]] = {"kuhn_poker": _kuhn_cards, "leduc_poker": _leduc_cards}
+"""Games whose information-state string gives the cards as bare numbers (Kuhn's ``1pb``: a queen, then pass and
+bet), by the game's name: the cards a seat sees, in words, one line each. A number that also names seats and
+counts is hard for a small policy to read; a word for each rank is not."""
+
+
 def describe(state: Any, player: int, game: str) -> str:
     """The observation ``player`` gets when it is to move at ``state``: the game, its seat, OpenSpiel's text of what
-    it knows, the moves so far and the legal actions."""
+    it knows (and the cards in words, :data:`CARDS_IN_WORDS`), the moves so far and the legal actions."""
     moves = moves_so_far(state)
+    cards = CARDS_IN_WORDS.get(state.get_game().get_type().short_name)
     lines = [header(game, player, state.get_game().num_players()),
              f"State (as player {player} sees it):", _state_text(state, player),
+             *(cards(state, player) if cards else []),
              "Moves so far: " + ("; ".join(moves) if moves else "none"),
              "Legal actions: " + ", ".join(legal_texts(state, player))]
     return "\n".join(lines)

@@ -175,4 +175,16 @@ def test_describe_is_a_function_of_the_state_and_seat():
         state.apply_action(a)
     text = games.describe(state, 1, "kuhn_poker")
     assert text.splitlines() == ["Game: kuhn_poker. You are player 1 of 2.", "State (as player 1 sees it):", "0b",
-                                 "Moves so far: player 0: Bet", "Legal actions: Pass, Bet"]
+                                 "Your card: Jack", "Moves so far: player 0: Bet", "Legal actions: Pass, Bet"]
+    assert "Your card: King" in games.describe(state, 0, "kuhn_poker")
+
+
+def test_leduc_cards_are_named_by_rank_and_the_public_card_once_dealt():
+    state = pyspiel.load_game("leduc_poker").new_initial_state()
+    for a in (2, 5):  # a queen (cards 2, 3) to player 0, a king (4, 5) to player 1
+        state.apply_action(a)
+    assert [l for l in games.describe(state, 0, "leduc_poker").splitlines() if "card" in l] == ["Your card: Queen"]
+    for a in (1, 1, 0):  # both call; the public card is a jack
+        state.apply_action(a)
+    assert [l for l in games.describe(state, 1, "leduc_poker").splitlines() if "card" in l] == [
+        "Your card: King", "Public card: Jack"]
