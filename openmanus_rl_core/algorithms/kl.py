@@ -10,6 +10,12 @@ divergence", 2020), with ``d = logprob - ref_logprob``:
 - ``abs``: ``|d|``
 
 verl's names ``kl`` (= k1), ``mse`` (= k2) and ``low_var_kl`` (= k3) are accepted as aliases.
+
+As a loss term (``algorithm.use_kl_loss``) what counts is the gradient through the sampled tokens' log-probs, and
+that differs from the estimate's value. In expectation over the sampled token: k2's is the gradient of
+``KL(pi || pi_ref)``; k3's is that of ``KL(pi_ref || pi)`` (on the logits, ``pi - pi_ref``: every probability is
+pulled toward the reference's linearly, so an action the reference gives mass to is held above zero however bad it
+is); k1's is zero. docs/selfplay.md measures k3 against k2 in self-play.
 """
 
 from __future__ import annotations
