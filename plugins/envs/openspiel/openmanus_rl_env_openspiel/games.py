@@ -12,7 +12,8 @@ import difflib
 import re
 from typing import Any, Callable
 
-__all__ = ["load", "check_game", "describe", "header", "legal_texts", "match_action", "moves_so_far", "outcome_text"]
+__all__ = ["load", "check_game", "describe", "header", "legal_texts", "match_action", "moves_so_far", "outcome_text",
+           "CARDS_IN_WORDS"]
 
 
 def _pyspiel():

@@ -61,10 +61,12 @@ def test_the_seat_sees_its_card_the_public_moves_and_the_legal_actions_never_the
         assert lines[0] == f"Game: kuhn_poker. You are player {seat} of 2."
         assert lines[2] == state.information_state_string(seat) and lines[2][0] == str(own_card)
         assert str(other_card) not in lines[2]  # the other card (0, 1 or 2) appears nowhere in what the seat knows
+        ranks = ["Jack", "Queen", "King"]
+        assert lines[3] == f"Your card: {ranks[own_card]}" and ranks[other_card] not in first
         assert legal(first) == ["Pass", "Bet"]
         # seat 1 sees player 0's opening move; seat 0 opens
         expected = "none" if seat == 0 else f"player 0: {state.action_to_string(0, state.history()[2])}"
-        assert lines[3] == f"Moves so far: {expected}"
+        assert lines[4] == f"Moves so far: {expected}"
 
 
 def test_the_reward_is_the_seats_openspiel_return_and_a_task_is_the_same_deal():
