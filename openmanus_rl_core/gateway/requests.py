@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 class ApiError(Exception):
@@ -224,16 +224,26 @@ def check_response_format(fmt: Any, param: str) -> dict | None:
     built)."""
     if fmt is None:
         return None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind in ("text", "json_object"):
-        return {"type": kind}
-    if kind == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise ApiError(400, f"{param}.json_schema must be an object with a schema object", param=param)
-        return {"type": "json_schema", "json_schema": spec}
-    raise ApiError(400, f"{param} must be of type text, json_object or json_schema, got {json.dumps(fmt)[:120]}",
-                   param=param)
+    read = _RESPONSE_FORMATS.get(fmt.get("type") if isinstance(fmt, dict) else None)
+    if read is None:
+        *rest, last = _RESPONSE_FORMATS
+        raise ApiError(400, f"{param} must be of type {', '.join(rest)} or {last}, got {json.dumps(fmt)[:120]}",
+                       param=param)
+    return read(fmt, param)
+
+
+def _json_schema_format(fmt: dict, param: str) -> dict:
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise ApiError(400, f"{param}.json_schema must be an object with a schema object", param=param)
+    return {"type": "json_schema", "json_schema": spec}
+
+
+_RESPONSE_FORMATS: dict[str, Callable[[dict, str], dict]] = {
+    "text": lambda fmt, param: {"type": "text"},
+    "json_object": lambda fmt, param: {"type": "json_object"},
+    "json_schema": _json_schema_format}
+"""``response_format`` types served, each read (and checked) by its function."""
 
 
 # The role a chat template knows for an OpenAI role it may not (developer: OpenAI's newer name for system).

@@ -98,9 +98,9 @@ def parse(body: Any, gateway: Any, record: Any) -> ResponsesCall:
                        temperature=number(body, "temperature", float, None, low=0.0, high=2.0),
                        top_p=number(body, "top_p", float, None, low=0.0, high=1.0),
                        max_tokens=number(body, "max_output_tokens", int, None, low=1),
-                       tool_choice=check_tool_choice(_chat_tool_choice(body.get("tool_choice")), tools),
+                       tool_choice=check_tool_choice(_by_type(_TOOL_CHOICES, body.get("tool_choice")), tools),
                        parallel_tool_calls=flag(body, "parallel_tool_calls"),
-                       response_format=check_response_format(_chat_format(text.get("format")), "text.format"))
+                       response_format=check_response_format(_by_type(_FORMATS, text.get("format")), "text.format"))
     return ResponsesCall(chat, conversation, body, stream=bool(flag(body, "stream")),
                          store=flag(body, "store") is not False, logprobs=INCLUDE_LOGPROBS in include)
 
@@ -135,17 +135,18 @@ def _chat_tool(tool: Any, i: int) -> dict:
     return {"type": "function", "function": fn}
 
 
-def _chat_tool_choice(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
+def _by_type(table: dict[str, Callable[[dict], dict]], value: Any) -> Any:
+    """``value`` in chat-completions' shape where ``table`` names its type; else as it is (checked later)."""
+    convert = table.get(value.get("type")) if isinstance(value, dict) else None
+    return convert(value) if convert else value
 
 
-def _chat_format(fmt: Any) -> Any:
-    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
-        return {"type": "json_schema", "json_schema": spec}
-    return fmt
+# Responses' flat shapes of a tool choice and a text format, by type, in chat-completions' nested ones.
+_TOOL_CHOICES: dict[str, Callable[[dict], dict]] = {
+    "function": lambda choice: {"type": "function", "function": {"name": choice.get("name")}}}
+_FORMATS: dict[str, Callable[[dict], dict]] = {
+    "json_schema": lambda f: {"type": "json_schema", "json_schema": {
+        k: f[k] for k in ("name", "schema", "strict", "description") if k in f}}}
 
 
 # ---------------------------------------------------------------------------------------------- input items
@@ -189,15 +190,14 @@ class _Transcript:
         self.think = (self.think or "") + _reasoning_text(item, where)
 
     def message(self, item: dict, where: str) -> None:
-        role = item.get("role")
-        if role == "assistant":
-            self._assistant(_text(item.get("content"), where + ".content"))
-            return
-        if role not in ("user", "system", "developer"):
-            raise ApiError(400, f"{where}.role must be user, assistant, system or developer, got {role!r}",
-                           param=where)
-        self.messages.append({"role": "system" if role == "developer" else role,
-                              "content": _text(item.get("content"), where + ".content")})
+        fold = _ROLES.get(item.get("role"))
+        if fold is None:
+            raise ApiError(400, f"{where}.role must be user, assistant, system or developer, got "
+                                f"{item.get('role')!r}", param=where)
+        fold(self, _text(item.get("content"), where + ".content"))
+
+    def _said(self, role: str, text: str) -> None:
+        self.messages.append({"role": role, "content": text})
         self.turn = None
 
     def function_call(self, item: dict, where: str) -> None:
@@ -217,6 +217,11 @@ class _Transcript:
             self._assistant("")
         return self.messages
 
+
+# A message item's role: the assistant's opens a turn; developer is the chat template's system.
+_ROLES: dict[str, Callable[[_Transcript, str], None]] = {
+    "assistant": _Transcript._assistant, "user": lambda t, text: t._said("user", text),
+    "system": lambda t, text: t._said("system", text), "developer": lambda t, text: t._said("system", text)}
 
 ITEMS: dict[str, Callable[[_Transcript, dict, str], None]] = {
     "message": _Transcript.message, "function_call": _Transcript.function_call,
@@ -375,15 +380,20 @@ class Events:
         yield self.event("response.created", response=start)
         yield self.event("response.in_progress", response=start)
 
-    def live(self, kind: str, text: str, stamp: dict) -> Iterator[bytes]:
-        from openai.types.responses import ResponseOutputMessage, ResponseReasoningItem
+    def live(self, kind: str, text: str, stamp: dict) -> Iterator[bytes]:  # kind: reasoning (whole) or content
+        return {"reasoning": self._live_reasoning, "content": self._live_text}[kind](text, stamp)
 
-        if kind == "reasoning":
-            item = ResponseReasoningItem.model_validate({"id": stamp["rs"], "type": "reasoning", "summary": [],
-                                                         "content": [{"type": "reasoning_text", "text": text}]})
-            self.live_items[item.id] = len(self.live_items)
-            yield from self._reasoning(self.live_items[item.id], item)
-            return
+    def _live_reasoning(self, text: str, stamp: dict) -> Iterator[bytes]:
+        from openai.types.responses import ResponseReasoningItem
+
+        item = ResponseReasoningItem.model_validate({"id": stamp["rs"], "type": "reasoning", "summary": [],
+                                                     "content": [{"type": "reasoning_text", "text": text}]})
+        self.live_items[item.id] = len(self.live_items)
+        yield from self._reasoning(self.live_items[item.id], item)
+
+    def _live_text(self, text: str, stamp: dict) -> Iterator[bytes]:
+        from openai.types.responses import ResponseOutputMessage
+
         if stamp["msg"] not in self.live_items:
             item = ResponseOutputMessage.model_validate({
                 "id": stamp["msg"], "type": "message", "role": "assistant", "status": "in_progress",
