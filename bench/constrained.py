@@ -14,6 +14,10 @@ Two models: the embedded default's size (hidden 128, 2 layers, 1,024-token BPE) 
 - ``batch of 8``: the same 8 prompts in one call, each free reply ended at its constrained twin's length (so rows
   leave the batch at the same steps on both sides).
 
+Where the grammar forces text (a key and its quotes, the closing brace), the json_schema side appends those tokens
+at once and feeds them in one pass with the sampled token (engines/constrained.py, "Forced text"): the ``passes``
+column counts the decoding passes of one-at-a-time replies on each side.
+
 The grammar is compiled once per process before the timed part (the gateway compiles a schema once, on the first
 request that brings it); that compile time is its own column. Both sides are timed on a second pass over the
 prompts, after an untimed first one: llguidance builds its lexer's states as it first meets them, and a run decodes
@@ -93,6 +97,14 @@ def one_side(size: str, side: str, lengths: dict) -> dict:
     from openmanus_rl_core.protocols import SamplingParams
 
     engine, tok, n_params = _engine(size)
+    passes = [0]
+    step = engine.fast.step
+
+    def counted(*a, **k):
+        passes[0] += 1
+        return step(*a, **k)
+
+    engine.fast.step = counted
     prompts = [tok.encode(f"the weather in city {i}, as json:", add_special_tokens=False) for i in range(8)]
     constraint = json_schema_constraint(SCHEMA)
     out: dict = {"params": n_params}
@@ -105,8 +117,10 @@ def one_side(size: str, side: str, lengths: dict) -> dict:
         for p in prompts:
             engine.generate([p], SamplingParams(max_new_tokens=256, constraint=constraint))
         t0 = time.perf_counter()
+        passes[0] = 0
         gens = [engine.generate([p], SamplingParams(max_new_tokens=256, constraint=constraint))[0] for p in prompts]
         out["single_s"] = time.perf_counter() - t0
+        out["passes"] = passes[0]
         assert all(g.finish_reason == "stop" for g in gens), [g.text for g in gens]
         out["lengths"] = [len(g.token_ids) for g in gens]
         t0 = time.perf_counter()
@@ -121,8 +135,10 @@ def one_side(size: str, side: str, lengths: dict) -> dict:
             engine.generate([p], SamplingParams(max_new_tokens=n))
         t0 = time.perf_counter()
         single = lengths["single"]
+        passes[0] = 0
         gens = [engine.generate([p], SamplingParams(max_new_tokens=n))[0] for p, n in zip(prompts, single)]
         out["single_s"] = time.perf_counter() - t0
+        out["passes"] = passes[0]
         assert [len(g.token_ids) for g in gens] == single
         engine.eos_token_ids = EndAtLengths(lengths["batch"])
         t0 = time.perf_counter()
@@ -169,15 +185,17 @@ def main() -> None:
                   f"(load {os.getloadavg()[0]:.1f})", flush=True)
         med = {s: {k: statistics.median(r[k] for r in rs) for k in ("single_s", "batch_s")} for s, rs in runs.items()}
         rows.append((size, runs["json_schema"][0]["params"], sum(lengths["single"]), sum(lengths["batch"]), med,
-                     statistics.median(r["compile_s"] for r in runs["json_schema"])))
+                     statistics.median(r["compile_s"] for r in runs["json_schema"]),
+                     (runs["json_schema"][0]["passes"], runs["free"][0]["passes"])))
     print(f"\nhf engine, one torch thread, median of {args.repeats} fresh processes per side, "
           f"load average {os.getloadavg()[0]:.1f}")
-    print("| model | params | one at a time: tokens | json_schema | free | ratio | batch of 8: tokens | json_schema | "
-          "free | ratio | compile |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for size, n, single, batch, med, compile_s in rows:
+    print("| model | params | one at a time: tokens | passes (json_schema / free) | json_schema | free | ratio | "
+          "batch of 8: tokens | json_schema | free | ratio | compile |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for size, n, single, batch, med, compile_s, passes in rows:
         c, f = med["json_schema"], med["free"]
-        print(f"| {size} | {n / 1e6:.2f}M | {single} | {c['single_s']:.3f}s | {f['single_s']:.3f}s | "
+        print(f"| {size} | {n / 1e6:.2f}M | {single} | {passes[0]} / {passes[1]} | {c['single_s']:.3f}s | "
+              f"{f['single_s']:.3f}s | "
               f"{c['single_s'] / f['single_s']:.2f}x | {batch} | {c['batch_s']:.3f}s | {f['batch_s']:.3f}s | "
               f"{c['batch_s'] / f['batch_s']:.2f}x | {1000 * compile_s:.1f} ms |")
 

@@ -4,6 +4,7 @@ renormalised distribution the tokens were drawn from."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -181,6 +182,87 @@ def test_fast_decode_and_the_model_forward_agree_under_a_constraint(model, tok):
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
 
 
+def _one_token_at_a_time(model, tok, prompt, constraint, eos, max_new=256):
+    """Greedy decoding under ``constraint`` with no engine: the whole sequence through the model's forward at every
+    step, llguidance's mask applied to the last logits -- one token a pass, forced or not."""
+    import llguidance
+    import llguidance.hf
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tok, n_vocab=vocab, eos_token=sorted(eos)),
+                                   llguidance.LLMatcher.grammar_from_lark(to_lark(constraint)))
+    out, logprobs = [], []
+    for _ in range(max_new):
+        with torch.no_grad():
+            z = model(torch.tensor([list(prompt) + out])).logits[0, -1].float()
+        mask = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
+        matcher.unsafe_compute_mask_ptr(mask.data_ptr(), mask.numel() * 4)
+        allowed = torch.tensor([bool(int(mask[t // 32]) >> (t % 32) & 1) for t in range(vocab)])
+        logp = torch.log_softmax(z.masked_fill(~allowed, float("-inf")), -1)
+        t = int(logp.argmax())
+        out.append(t)
+        logprobs.append(float(logp[t]))
+        if t in eos:
+            break
+        assert matcher.consume_token(t)
+    return out, logprobs
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_forced_text_is_fed_in_one_pass_and_equals_the_one_token_loop(model, tok, fast, monkeypatch):
+    """Where the grammar allows one text only, its tokens are appended at once (log-prob 0) and fed in one forward
+    pass: the replies are the one-token-at-a-time loop's (greedy), in fewer passes, and a stream is told every
+    token in order."""
+    engine = HFEngine(model, tok, seed=0, num_threads=1, prefix_cache_mb=0, fast_decode=fast)
+    steps = []
+    if fast:
+        step = engine.fast.step
+        monkeypatch.setattr(engine.fast, "step",
+                            lambda tokens, *a, **k: steps.append(tuple(tokens.shape)) or step(tokens, *a, **k))
+    else:  # the engine's passes name their input; the reference loop below passes it by position
+        forward = model.forward
+        monkeypatch.setattr(model, "forward", functools.wraps(forward)(lambda *a, **k: (
+            "input_ids" in k and steps.append(tuple(k["input_ids"].shape))) or forward(*a, **k)))
+    prompts = _prompts(tok, 3)
+    constraints = [tool_call_constraint([TOOLS[1]]), json_schema_constraint(WEATHER), None]
+    told: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    gens = engine.generate(prompts, SamplingParams(max_new_tokens=120, greedy=True, constraint=constraints),
+                           on_tokens=lambda rows, tokens: [told[i].append(t) for i, t in zip(rows, tokens)])
+    for prompt, c, g in zip(prompts, constraints, gens):
+        if c is None:
+            continue
+        want, want_lp = _one_token_at_a_time(model, tok, prompt, c, engine.eos_token_ids)
+        assert g.token_ids == want and g.finish_reason == "stop", (tok.decode(g.token_ids), tok.decode(want))
+        assert g.logprobs == pytest.approx(want_lp, abs=1e-4)
+    assert [told[i] for i in range(3)] == [g.token_ids for g in gens]
+    assert gens[2].finish_reason == "length" and len(gens[2].token_ids) == 120
+    decode = steps[1:] if not fast else steps  # the model's forward also prefilled
+    # fewer passes than tokens: the constrained rows were live together for under half as many passes
+    assert sum(b == 3 for b, _ in decode) < min(len(gens[0].token_ids), len(gens[1].token_ids)) / 2
+    assert max(k for _, k in decode) > 2  # a free row in the batch keeps passes narrow (pass_width)
+    assert sum(lp == 0.0 for lp in gens[0].logprobs) >= 10  # the forced tokens: each the only one allowed
+
+
+def test_forced_text_leaves_room_for_the_last_token_and_stop_strings_take_it_one_at_a_time(engine, model, tok,
+                                                                                          monkeypatch):
+    """One row feeds all of its forced text in one pass; a reply cut by max_new_tokens inside forced text ends there
+    ("length"), its tokens the loop's; with stop strings the forced tokens go one a pass and the reply is the same."""
+    widths = []
+    step = engine.fast.step
+    monkeypatch.setattr(engine.fast, "step", lambda t, *a, **k: widths.append(t.shape[1]) or step(t, *a, **k))
+    prompt = _prompts(tok, 1)
+    c = tool_call_constraint([TOOLS[1]])
+    want, _ = _one_token_at_a_time(model, tok, prompt[0], c, engine.eos_token_ids)
+    g, = engine.generate(prompt, SamplingParams(max_new_tokens=256, greedy=True, constraint=c))
+    assert g.token_ids == want and max(widths) > 5  # '{"name": "search", "arguments": {"query": "' after <tool_call>
+    for n in (1, 2, 5, 9):
+        g, = engine.generate(prompt, SamplingParams(max_new_tokens=n, greedy=True, constraint=c))
+        assert g.token_ids == want[:n] and g.finish_reason == "length"
+    widths.clear()
+    g, = engine.generate(prompt, SamplingParams(max_new_tokens=256, greedy=True, constraint=c, stop=["@@"]))
+    assert g.token_ids == want and set(widths) == {1}
+
+
 # ------------------------------------------------------------------------------------------- log-probs
 # A string of 1 to 6 letters a, b, c: at most steps several tokens are allowed (where a grammar forces text,
 # llguidance allows only the forced text's own tokens, and the token's log-prob is 0).
@@ -331,3 +413,14 @@ def test_an_object_that_lists_its_properties_admits_no_other_key(engine, tok):
         assert g.finish_reason == "stop", g.text
         [call] = _calls(g.text)
         assert set(call["arguments"]) <= {"door", "why"} and call["arguments"]["door"] in ("left", "right")
+
+
+def test_a_pass_is_as_wide_as_three_quarters_of_its_positions_allow():
+    from openmanus_rl_core.engines.constrained import pass_width
+
+    assert pass_width([9]) == 10  # one row: all of its forced text
+    assert pass_width([0, 0, 0, 0]) == 1
+    assert pass_width([5, 5, 5, 5]) == 6
+    # rows of 1+3, 1+3, 1+0, 1+0: width 2 feeds 6 of 8 positions, width 3 feeds 8 of 12 (< 3/4)
+    assert pass_width([3, 3, 0, 0]) == 2
+    assert pass_width([12, 0, 0, 0, 0, 0, 0, 0]) == 1  # one long stretch does not pad seven rows

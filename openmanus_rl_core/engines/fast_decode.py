@@ -1,6 +1,6 @@
 """One decoding step of a Llama-family model in plain torch calls, for the HF engine.
 
-A decoding step feeds one token per row. For a small model on a CPU its arithmetic is a few matrix-vector products,
+A decoding step feeds one token per row (several where a grammar forces text). For a small model on a CPU its arithmetic is a few matrix-vector products,
 and the transformers forward around them (module calls, mask building, output classes, config lookups) costs
 several times more: about 2.5 ms a step for the embedded 2-layer model at any small batch, of which the matrix
 products are 0.2 ms. Episodes on their own (``rollout.mode=episodes``, the group stream) generate for the few
@@ -58,29 +58,29 @@ class FastDecode:
 
     def _append(self, cache: Any, i: int, k: torch.Tensor, v: torch.Tensor,
                 steps_left: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cache``'s layer ``i`` with this step's ``k`` and ``v`` ``[B, heads, 1, d]`` appended, written in place
-        into its slab (room for ``steps_left`` columns, this one included); the layer's keys and values become views
-        of the slab."""
+        """``cache``'s layer ``i`` with this step's ``k`` and ``v`` ``[B, heads, K, d]`` appended, written in place
+        into its slab (room for ``steps_left`` more columns, at least these); the layer's keys and values become
+        views of the slab."""
         layers = getattr(cache, "layers", None)
         if layers is None:
             return cache.update(k, v, i)
         layer = layers[i]
         keys, values = layer.keys, layer.values
-        n = keys.shape[2]
+        n, K = keys.shape[2], k.shape[2]
         slab = self.slabs[i] if i < len(self.slabs) else None
-        if (slab is None or slab[0].shape[2] <= n or slab[0].data_ptr() != keys.data_ptr()
+        if (slab is None or slab[0].shape[2] < n + K or slab[0].data_ptr() != keys.data_ptr()
                 or slab[0].stride() != keys.stride() or slab[1].data_ptr() != values.data_ptr()):
             # a new cache, finished rows dropped from it, or no room left: copy its columns into a new slab
-            room = n + max(1, steps_left)
+            room = n + max(K, steps_left)
             slab = (keys.new_empty(keys.shape[0], keys.shape[1], room, keys.shape[3]),
                     values.new_empty(values.shape[0], values.shape[1], room, values.shape[3]))
             slab[0][:, :, :n] = keys
             slab[1][:, :, :n] = values
             self.slabs += [None] * (i + 1 - len(self.slabs))
             self.slabs[i] = slab
-        slab[0][:, :, n] = k[:, :, 0]
-        slab[1][:, :, n] = v[:, :, 0]
-        layer.keys, layer.values = slab[0][:, :, :n + 1], slab[1][:, :, :n + 1]
+        slab[0][:, :, n:n + K] = k
+        slab[1][:, :, n:n + K] = v
+        layer.keys, layer.values = slab[0][:, :, :n + K], slab[1][:, :, :n + K]
         return layer.keys, layer.values
 
     def _fuse(self) -> list:
@@ -126,35 +126,42 @@ class FastDecode:
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any,
              steps_left: int) -> torch.Tensor:
-        """The next-token logits ``[B, V]`` (float32) of ``tokens`` ``[B, 1]`` at ``positions`` ``[B, 1]``;
-        ``mask`` ``[B, T]``: which of the cache's columns (and this token's, the last) each row attends to.
-        Appends each layer's new keys and values to ``cache`` (a ``DynamicCache``); ``steps_left``: the decoding
-        steps this call may still take, this one included (the slabs' room)."""
+        """The next-token logits ``[B, V]`` (float32) after ``tokens`` ``[B, K]`` at ``positions`` ``[B, K]`` (K is 1
+        but where a grammar forced tokens: ``engines/constrained.py``); ``mask`` ``[B, T]``: which of the cache's
+        columns (these K the last) each row attends to, a token seeing only the columns before it and itself.
+        Appends each layer's new keys and values to ``cache`` (a ``DynamicCache``); ``steps_left``: the columns this
+        call may still add, these included (the slabs' room; more are made if needed)."""
         if self.fused is None:
             self.fused = self._fuse()
-        B = tokens.shape[0]
+        B, K = tokens.shape
         h = F.embedding(tokens, self.embed.weight)
         cos, sin = self.rotary(h, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         allowed = mask.bool()[:, None, None, :]
+        if K > 1:  # causal within the new columns
+            T = mask.shape[1]
+            allowed = allowed & torch.ones(K, T, dtype=torch.bool, device=mask.device).tril(T - K)
         for i, (layer, (w_qkv, b_qkv, split, w_gate_up, head_dim, scaling)) in enumerate(zip(self.layers, self.fused)):
             a, m = layer.self_attn, layer.mlp
             x = _rms(h, layer.input_layernorm)
-            q, k, v = F.linear(x, w_qkv, b_qkv).view(B, -1, head_dim).transpose(0, 1).unsqueeze(2).split(
+            q, k, v = F.linear(x, w_qkv, b_qkv).view(B, K, -1, head_dim).permute(2, 0, 1, 3).split(
                 [n // head_dim for n in split], dim=0)
-            # [heads, B, 1, d] -> [B, heads, 1, d]; q and k rotated together
+            # [heads, B, K, d] -> [B, heads, K, d]; q and k rotated together
             qk = _rotate(torch.cat([q, k]).transpose(0, 1), cos, sin)
             q, k = qk[:, :q.shape[0]], qk[:, q.shape[0]:]
             keys, values = self._append(cache, i, k, v.transpose(0, 1), steps_left)
-            # Grouped-query attention with one query token: the query heads that share a key/value head stand in
-            # for that head's query positions, so the keys and values are not repeated per query head.
-            o = F.scaled_dot_product_attention(q.reshape(B, keys.shape[1], -1, head_dim), keys, values,
-                                               attn_mask=allowed, scale=scaling)
-            h = h + _linear(o.reshape(B, 1, -1), a.o_proj)
+            # Grouped-query attention: the query heads that share a key/value head are stacked as that head's
+            # query rows ([B, kv heads, group * K, d]), so the keys and values are not repeated per query head.
+            kv_heads = keys.shape[1]
+            group = q.shape[1] // kv_heads
+            rows_mask = allowed if K == 1 else allowed.expand(B, group, K, -1).reshape(B, 1, group * K, -1)
+            o = F.scaled_dot_product_attention(q.reshape(B, kv_heads, group * K, head_dim), keys, values,
+                                               attn_mask=rows_mask, scale=scaling)
+            o = o.view(B, q.shape[1], K, head_dim).transpose(1, 2).reshape(B, K, -1)
+            h = h + _linear(o, a.o_proj)
             gate, up = F.linear(_rms(h, layer.post_attention_layernorm), w_gate_up).chunk(2, dim=-1)
             h = h + _linear(m.act_fn(gate) * up, m.down_proj)
-        return _linear(_rms(h, self.norm), self.lm_head)[:, -1, :].float()
-
+        return _linear(_rms(h[:, -1:], self.norm), self.lm_head)[:, -1, :].float()
 
 def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
     """The model's RMS norm: in float32, the weight applied in the input's dtype."""

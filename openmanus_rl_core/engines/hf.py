@@ -22,7 +22,9 @@ grammar forbids set to ``-inf``: ``logp`` is then ``log_softmax`` over the allow
 the token was drawn from, and that is the log-probability recorded. The actor recomputes the unmasked
 ``log_softmax(logits / T)``; on a constrained token the two differ by ``-log`` (the allowed tokens' mass) >= 0, which
 the update sees as it sees any rollout/trainer mismatch (``algorithms/correction.py``: ``rollout_correction=tis``
-weights the token by ``min(pi_unmasked / pi_masked, cap)``, at most 1).
+weights the token by ``min(pi_unmasked / pi_masked, cap)``, at most 1). Where the grammar forces text, its tokens
+(each the only one allowed, log-probability 0) are appended at once and fed with the sampled token in one pass of
+several positions, left-padded to the batch's longest (:mod:`.constrained`, "Forced text").
 
 Stopping, per sequence: at an EOS token (the tokenizer's and the model's generation config's; the EOS token is kept
 in ``token_ids``, left out of ``text``); at a stop string (decoded incrementally over the tail of the sequence; the
@@ -297,6 +299,24 @@ class HFEngine:
             self.prefix_cache.add(tokens, [(layer.keys[r].index_select(1, cols), layer.values[r].index_select(1, cols))
                                            for layer in layers])
 
+    def _next_input(self, sampled: list[int], forced: list[list[int]],
+                    last_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(input ids [B, K], positions [B, K], attention columns [B, K])`` of the next forward pass: each row's
+        sampled token and the tokens its grammar forced after it, left-padded to the longest (``K``); pad columns
+        are masked out of every later step."""
+        K = 1 + max(map(len, forced))
+        if K == 1:
+            ids = torch.tensor(sampled, dtype=torch.long, device=self.device)[:, None]
+            return ids, last_pos + 1, torch.ones_like(ids)
+        ids = torch.full((len(sampled), K), self.pad_token_id, dtype=torch.long)
+        fed = torch.zeros((len(sampled), K), dtype=torch.long)
+        for b, (t, ff) in enumerate(zip(sampled, forced)):
+            ids[b, K - 1 - len(ff):] = torch.tensor([t, *ff])
+            fed[b, K - 1 - len(ff):] = 1
+        # a row's real tokens at its next positions; its pads at the first of them (masked, so any position works)
+        pos = last_pos + (fed.cumsum(-1).clamp_min(1)).to(self.device)
+        return ids.to(self.device), pos, fed.to(self.device)
+
     @torch.inference_mode()
     def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | None,
                   on_tokens: Callable[[list[int], list[int]], None] | None = None) -> list[Generation]:
@@ -370,31 +390,40 @@ class HFEngine:
                     if any(s in tail for s in stops):
                         reasons[i] = "stop"
                         continue
-                keep.append(r)
+                if len(out_ids[i]) < max_new:
+                    keep.append(r)
             if on_tokens is not None:
                 on_tokens(rows, tok_list)
-            last = not keep or step == max_new - 1
-            if self.prefix_cache is not None and (last or len(keep) < len(rows)):
-                ended = range(len(rows)) if last else sorted(set(range(len(rows))) - set(keep))
+            if self.prefix_cache is not None and len(keep) < len(rows):
+                ended = sorted(set(range(len(rows))) - set(keep))
                 self._remember(cache, attn, [(r, rows[r]) for r in ended], prompts, out_ids)
-            if last:
+            if not keep:
                 break
+            forced = [[]] * len(keep)
             if grammar is not None:
-                grammar.advance(tok_list, keep)
+                # tokens the grammar forces next (constrained.py, "Forced text"): room is left for one sampled
+                # token after them, so a reply never ends on a token that was not fed back
+                room = None if stops else [max_new - len(out_ids[rows[r]]) - 1 for r in keep]
+                forced = grammar.advance(tok_list, keep, room)
 
-            next_tokens = tokens.unsqueeze(-1)
             last_pos = step_pos[:, -1:]
             if len(keep) < len(rows):
                 # Finished rows leave the batch, their KV-cache rows with them.
                 idx = torch.as_tensor(keep, dtype=torch.long, device=dev)
                 cache.batch_select_indices(idx)
                 attn = attn.index_select(0, idx)
-                next_tokens = next_tokens.index_select(0, idx)
                 last_pos = last_pos.index_select(0, idx)
                 rows = [rows[r] for r in keep]
-            attn = torch.cat([attn, torch.ones((attn.shape[0], 1), dtype=attn.dtype, device=dev)], dim=1)
-            step_input = next_tokens
-            step_pos = last_pos + 1
+            step_input, step_pos, fed = self._next_input([tok_list[r] for r in keep], forced, last_pos)
+            attn = torch.cat([attn, fed], dim=1)
+            if any(forced):
+                for i, ff in zip(rows, forced):
+                    out_ids[i] += ff
+                    out_lp[i] += [0.0] * len(ff)  # each was the only token allowed
+                if on_tokens is not None:
+                    for j in range(max(map(len, forced))):
+                        told = [(i, ff[j]) for i, ff in zip(rows, forced) if len(ff) > j]
+                        on_tokens([i for i, _ in told], [t for _, t in told])
 
         gens = []
         for i in range(B):
