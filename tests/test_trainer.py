@@ -291,6 +291,15 @@ def test_a_reference_reset_makes_the_updated_policy_the_kl_reference(ray_local, 
 
 
 @pytest.mark.slow
+def test_the_kl_loss_coefficient_follows_its_schedule(ray_local, tmp_path, monkeypatch):
+    """algorithm.kl_loss_schedule=linear over 3 steps: the coefficient at step s is kl_loss_coef * (1 - (s-1)/3)."""
+    _one_step(tmp_path, monkeypatch, ["algorithm.use_kl_loss=true", "algorithm.kl_loss_coef=0.3",
+                                      "algorithm.kl_loss_schedule=linear"], steps=3)
+    coefs = [r["actor/kl_loss_coef"] for r in _records(tmp_path / "run") if "actor/kl_loss_coef" in r]
+    assert coefs == pytest.approx([0.3, 0.2, 0.1])
+
+
+@pytest.mark.slow
 def test_auto_old_log_probs_are_recomputed_for_a_multi_epoch_update(ray_local, tmp_path, monkeypatch):
     # An entropy bonus moves the policy in the first epoch even where every advantage is 0.
     seen, record = _one_step(tmp_path, monkeypatch, ["actor.ppo_epochs=2", "algorithm.recompute_old_log_probs=auto",

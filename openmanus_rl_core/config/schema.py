@@ -137,6 +137,10 @@ class AlgorithmConfig:
                             "use_kl_in_reward)")
     kl_loss_coef: float = opt(0.001, "KL loss coefficient", ge=0)
     kl_loss_type: str = opt("k3", "KL estimator of the loss term", choices=("k1", "k2", "k3", "abs"))
+    kl_loss_schedule: str = opt("constant", "kl_loss_coef over the run's steps: constant, or toward 0 at the run's "
+                                "end on a linear or cosine curve (in self-play: a policy held near its reference "
+                                "keeps every action's share; the decay lets it go toward equilibrium)",
+                                choices=("constant", "linear", "cosine"))
     ref_reset_steps: Optional[int] = opt(None, "every this many steps the reference policy becomes the current one "
                                          "(a reference reset: the KL term then anchors the policy where it was "
                                          "lately, not where RL began; in self-play a moving anchor, on toward "

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from openmanus_rl_core.algorithms.schedules import make_optimizer
+from openmanus_rl_core.algorithms.schedules import make_lr_lambda, make_optimizer
 from openmanus_rl_core.batch import Batch
 from openmanus_rl_core.distributed.fsdp import choose_sharding, gather_full_state, load_full_state
 from openmanus_rl_core.workers.base import Worker
@@ -232,7 +232,8 @@ class ActorWorker(Worker):
         nothing (then the update is on-policy with one mini-batch and one epoch, and the old
         log-probs are the detached current ones). With ``use_kl_loss`` also ``ref_log_probs``.
 
-        Per mini-batch: ``loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl``; gradients are clipped to
+        Per mini-batch: ``loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl`` (the coefficient on
+        ``algorithm.kl_loss_schedule``); gradients are clipped to
         ``actor.grad_clip``; a non-finite loss or gradient norm (on any rank) skips the optimizer step. At a step
         that is a multiple of ``algorithm.ref_reset_steps`` the updated policy then becomes the reference.
         """
@@ -264,6 +265,8 @@ class ActorWorker(Worker):
         loss_cfg = dict(algo.loss_cfg)
         agg_mode = loss_cfg["agg_mode"]
         use_kl_loss = algo.use_kl_loss and self.ref is not None
+        # the schedule's factor at this update (the LR scheduler counts the updates made, across a resume too)
+        kl_coef = algo.kl_loss_coef * make_lr_lambda(algo.kl_loss_schedule, self.total_steps)(self.scheduler.last_epoch)
         correct = correction_mode(algo, self.cfg.rollout, self.cfg.agent) == "tis"
 
         def part_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -285,8 +288,9 @@ class ActorWorker(Worker):
                      "actor/ppo_kl": float(pg_metrics.get("approx_kl", 0.0)), **corr}
             if use_kl_loss:
                 kl = agg_loss(kl_penalty(logp, part["ref_log_probs"], algo.kl_loss_type), mask, agg_mode)
-                loss = loss + algo.kl_loss_coef * kl
+                loss = loss + kl_coef * kl
                 stats["actor/kl_loss"] = float(kl.detach())
+                stats["actor/kl_loss_coef"] = kl_coef
             return loss, stats
 
         return part_loss
