@@ -155,20 +155,43 @@ def test_on_tokens_tells_each_steps_tokens_and_the_results_are_unchanged(engine,
     assert [g.token_ids for g in engine.generate(prompts, greedy)] == before
 
 
-def test_the_gateway_streams_a_vllm_reply_as_it_is_generated(engine, tiny):
+def test_the_gateway_streams_a_vllm_reply_as_it_is_generated(engine, tiny, monkeypatch):
+    """The stream sends each step's text as the step ends. The engine is paced by the client: after telling a step's
+    tokens it waits (up to 0.5 s) for the client to read a delta, so on a loaded machine the 48 steps do not all end
+    before the gateway's writer first wakes (it then sends what came, in one delta: right, but not what this tests)."""
+    import threading
+
     import openai
 
     from openmanus_rl_core.gateway.server import Gateway
 
     _, tok, _ = tiny
+    read = threading.Event()
+    generate = engine.generate
+
+    def paced(prompts, params=None, on_tokens=None):
+        if on_tokens is None:
+            return generate(prompts, params)
+
+        def tell(rows, tokens):
+            read.clear()
+            on_tokens(rows, tokens)
+            read.wait(0.5)
+
+        return generate(prompts, params, on_tokens=tell)
+
+    monkeypatch.setattr(engine, "generate", paced)
     gw = Gateway(engine, tok, "omrl-policy", keys=["key"])
     try:
         client = openai.OpenAI(base_url=gw.base_url, api_key="key", max_retries=0)
         ask = dict(model="omrl-policy", messages=[{"role": "user", "content": "the quick brown"}], temperature=0,
                    max_tokens=48)
         whole = client.chat.completions.create(**ask).choices[0].message.content
-        deltas = [c.choices[0].delta.content for c in client.chat.completions.create(**ask, stream=True)
-                  if c.choices and c.choices[0].delta.content]
+        deltas = []
+        for c in client.chat.completions.create(**ask, stream=True):
+            if c.choices and c.choices[0].delta.content:
+                deltas.append(c.choices[0].delta.content)
+                read.set()
         assert len(deltas) > 5 and "".join(deltas) == whole
     finally:
         gw.close()
