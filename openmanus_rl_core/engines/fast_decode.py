@@ -1,7 +1,7 @@
 """One decoding step of a Llama-family model in plain torch calls, for the HF engine.
 
-A decoding step feeds one token per row (several where a grammar forces text). For a small model on a CPU its arithmetic is a few matrix-vector products,
-and the transformers forward around them (module calls, mask building, output classes, config lookups) costs
+A decoding step feeds one token per row (several where a grammar forces text). For a small model on a CPU its
+arithmetic is a few matrix-vector products, and the transformers forward around them (module calls, mask building, output classes, config lookups) costs
 several times more: about 2.5 ms a step for the embedded 2-layer model at any small batch, of which the matrix
 products are 0.2 ms. Episodes on their own (``rollout.mode=episodes``, the group stream) generate for the few
 episodes ready at a time, so that overhead is most of their generation.
@@ -138,9 +138,11 @@ class FastDecode:
         cos, sin = self.rotary(h, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         allowed = mask.bool()[:, None, None, :]
-        if K > 1:  # causal within the new columns
-            T = mask.shape[1]
-            allowed = allowed & torch.ones(K, T, dtype=torch.bool, device=mask.device).tril(T - K)
+        if K > 1:  # causal within the new columns, and one row of the mask per query head of a key/value head
+            T, (q_out, k_out, _) = mask.shape[1], self.fused[0][2]
+            group = q_out // k_out
+            allowed = (allowed & torch.ones(K, T, dtype=torch.bool, device=mask.device).tril(T - K)).expand(
+                B, group, K, T).reshape(B, 1, group * K, T)
         for i, (layer, (w_qkv, b_qkv, split, w_gate_up, head_dim, scaling)) in enumerate(zip(self.layers, self.fused)):
             a, m = layer.self_attn, layer.mlp
             x = _rms(h, layer.input_layernorm)
@@ -152,11 +154,8 @@ class FastDecode:
             keys, values = self._append(cache, i, k, v.transpose(0, 1), steps_left)
             # Grouped-query attention: the query heads that share a key/value head are stacked as that head's
             # query rows ([B, kv heads, group * K, d]), so the keys and values are not repeated per query head.
-            kv_heads = keys.shape[1]
-            group = q.shape[1] // kv_heads
-            rows_mask = allowed if K == 1 else allowed.expand(B, group, K, -1).reshape(B, 1, group * K, -1)
-            o = F.scaled_dot_product_attention(q.reshape(B, kv_heads, group * K, head_dim), keys, values,
-                                               attn_mask=rows_mask, scale=scaling)
+            o = F.scaled_dot_product_attention(q.reshape(B, keys.shape[1], -1, head_dim), keys, values,
+                                               attn_mask=allowed, scale=scaling)
             o = o.view(B, q.shape[1], K, head_dim).transpose(1, 2).reshape(B, K, -1)
             h = h + _linear(o, a.o_proj)
             gate, up = F.linear(_rms(h, layer.post_attention_layernorm), w_gate_up).chunk(2, dim=-1)
