@@ -3,6 +3,7 @@
     python bench/gateway.py parity [--seeds 0,1,2] [--agent function|command] [hydra overrides ...]
     python bench/gateway.py throughput [--episodes 64] [--repeats 3] [model overrides ...]
     python bench/gateway.py latency [--requests 200] [--repeats 3]
+    python bench/gateway.py constrained [--repeats 3]
 
 ``parity``: for each seed, ``openmanus-rl train`` (the embedded default: key_door, the same warm-up, 60 GRPO steps)
 twice, each in a fresh process: with the built-in loop, and with ``examples/key_door_agent.py`` behind the gateway
@@ -21,6 +22,9 @@ model, as in a training run (the one agent counted as running: the batcher waits
 the engine's own ``generate`` of the same prompt for one token, in the same process; each
 ``--repeats`` run in a fresh process. The table gives the median milliseconds per request of each and their
 difference, the gateway's HTTP, parsing, rendering and recording.
+
+``constrained``: what a ``json_schema`` reply costs on ``hf`` against a free one of the same length, at the embedded
+default and at 31M parameters: ``bench/constrained.py``, run as it is.
 """
 
 from __future__ import annotations
@@ -226,8 +230,13 @@ def main() -> None:
     lat = sub.add_parser("latency")
     lat.add_argument("--requests", type=int, default=200)
     lat.add_argument("--repeats", type=int, default=3)
+    c = sub.add_parser("constrained")
+    c.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    if args.what == "latency":
+    if args.what == "constrained":
+        subprocess.run([sys.executable, str(Path(__file__).with_name("constrained.py")), "--repeats",
+                        str(args.repeats)], check=True)
+    elif args.what == "latency":
         latency(args.requests, args.repeats)
     elif args.what == "parity":
         parity([int(s) for s in args.seeds.split(",")], args.agent, args.overrides)
