@@ -376,9 +376,10 @@ def pass_width(forced: Sequence[int]) -> int:
     """How many positions each row feeds in the next pass, given each row's count of forced tokens after its sampled
     one: the most for which at least three quarters of the pass's positions are real tokens, not padding. One row
     feeds all of its forced text. In a batch a pass costs about its rows times its width once the model is large
-    enough to be bound by arithmetic (31M parameters on a CPU: 15 ms for 8 rows of 1, 50 ms for 8 rows of 6); a
-    row whose forced text is cut here is forced again at its next step. Three quarters was the fastest of a half,
-    three quarters and all, at 31M, in a greedy batch of 8 under ``bench/constrained.py``'s schema."""
+    enough to be bound by arithmetic (31M parameters on a CPU); a row whose forced text is cut here is forced again
+    at its next step. Three quarters was the fastest of a half, three quarters and all, at 31M, in a greedy batch
+    of 8 under ``bench/constrained.py``'s schema (a scratch comparison, beside another run; the bench's batch
+    column is the kept measure)."""
     width = 1
     for k in range(2, max(forced) + 2):
         if 4 * sum(min(1 + f, k) for f in forced) < 3 * len(forced) * k:

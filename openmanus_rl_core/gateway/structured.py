@@ -92,6 +92,10 @@ def _check_schema(schema: Any, param: str) -> None:
         raise ApiError(400, f"{param} is not supported by constrained decoding: {error}", param=param)
 
 
+# the response formats that carry no schema of their own: the schema each asks for (None: free text)
+_PLAIN_FORMATS: dict[str, dict[str, Any] | None] = {"text": None, "json_object": {"type": "object"}}
+
+
 def _format_schema(fmt: Any, param: str, chat: bool) -> dict[str, Any] | None:
     """The JSON schema a response format asks for (``{"type": "object"}`` for json_object), or None for text."""
     if fmt is None:
@@ -99,10 +103,9 @@ def _format_schema(fmt: Any, param: str, chat: bool) -> dict[str, Any] | None:
     if not isinstance(fmt, Mapping):
         raise ApiError(400, f"{param} must be an object, not {fmt!r}", param=param)
     kind = fmt.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "object"}
+    if kind in _PLAIN_FORMATS:
+        plain = _PLAIN_FORMATS[kind]
+        return None if plain is None else dict(plain)
     if kind != "json_schema":
         raise ApiError(400, f"{param}.type must be one of text, json_object, json_schema, not {kind!r}",
                        param=f"{param}.type")
