@@ -1,0 +1,134 @@
+"""What a Leduc Poker policy learned: its probability of each action, averaged over the information states that show
+the same cards and the same choice (issue 54).
+
+    openmanus-rl export trainer.checkpoint=<run dir or checkpoints/step_N> export.dir=<dir>
+    python bench/leduc_policy.py <dir>
+    python bench/leduc_policy.py --reference     # hand-written policies' exploitability, for scale
+
+``<dir>`` is a Hugging Face folder written by ``openmanus-rl export`` (its ``omrl_export.json`` names the
+checkpoint; the run's ``config.json`` beside ``checkpoints/`` gives the game, the template and the env's
+instruction). The policy is the one ``val/exploitability`` measures (``exploitability.ModelPolicy``: the model's
+probability of each legal action's reply, normalised over the legal actions), scored at every one of the 936
+information states. States are grouped by the cards the seat sees (``games.CARDS_IN_WORDS``: its own card and, in
+the second round, the public one, ``pair`` where the ranks match) and by the legal actions (``Fold`` is legal when
+facing a bet, ``Raise`` until the round's raises are used up); each group's line is the mean probability of each action's text over its states. The last
+line is OpenSpiel's exploitability of the whole policy, as the run's validation logs it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def _run_config(folder: Path) -> dict:
+    checkpoint = Path(json.loads((folder / "omrl_export.json").read_text())["checkpoint"])
+    return json.loads((checkpoint.parent.parent / "config.json").read_text())
+
+
+ACTIONS = ("Fold", "Call", "Raise")
+
+
+def _group(state, player: int) -> str:
+    from openmanus_rl_env_openspiel import games
+
+    cards = [line.split(": ", 1)[1] for line in games.CARDS_IN_WORDS["leduc_poker"](state, player)]
+    if len(cards) == 2:
+        cards[1] = "pair" if cards[0] == cards[1] else f"public {cards[1]}"
+    return f"{', '.join(cards)}; {' / '.join(games.legal_texts(state, player))}"
+
+
+def _rule(fold: float, raise_: float):
+    """A hand-strength rule as a table over every information state: with a pair, or a king in the first round,
+    raise with probability ``raise_`` (else call); with a weak hand (a jack in the first round, no pair and no king
+    in the second) fold to a raise with probability ``fold`` (else call); otherwise call."""
+    import re
+
+    def probs(state, player: int) -> dict[int, float]:
+        text = state.information_state_string(player)
+        own, public = re.search(r"\[Private: (\d+)\]", text), re.search(r"\[Public: (\d+)\]", text)
+        rank = int(own[1]) // 2
+        pair = public is not None and int(public[1]) // 2 == rank
+        strong = pair or (public is None and rank == 2)
+        weak = not strong and (rank == 0 or (public is not None and rank < 2))
+        legal = state.legal_actions(player)  # 0 fold, 1 call, 2 raise
+        want = ({2: raise_, 1: 1 - raise_} if strong else
+                {0: fold, 1: 1 - fold} if weak and 0 in legal else {1: 1.0})
+        kept = {a: want.get(a, 0.0) for a in legal}
+        total = sum(kept.values())
+        return {a: p / total for a, p in kept.items()} if total else {1: 1.0}
+    return probs
+
+
+def reference() -> None:
+    """OpenSpiel's exploitability of uniform play, of always calling and of hand-strength rules, for scale."""
+    from open_spiel.python import policy as os_policy
+    from open_spiel.python.algorithms import exploitability
+
+    from openmanus_rl_env_openspiel import games
+    from openmanus_rl_env_openspiel.exploitability import information_states
+
+    spiel = games.check_game("leduc_poker")
+    rules = {"uniform": None, "always call": lambda state, player: {1: 1.0}}
+    for fold in (0.5, 0.8, 1.0):
+        for raise_ in (0.5, 0.8, 1.0):
+            rules[f"rule: fold a weak hand {fold:.0%}, raise a strong one {raise_:.0%}"] = _rule(fold, raise_)
+    print("| policy | exploitability |\n|---|---|")
+    for name, probs in rules.items():
+        table = os_policy.UniformRandomPolicy(spiel) if probs is None else os_policy.TabularPolicy(spiel)
+        if probs is not None:
+            for (player, key), state in information_states(spiel).items():
+                row = table.policy_for_key(key)
+                row[:] = 0.0
+                for action, p in probs(state, player).items():
+                    row[action] = p
+        print(f"| {name} | {exploitability.exploitability(spiel, table):.3f} |")
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--reference"]:
+        reference()
+        return 0
+    if len(argv) != 1:
+        raise SystemExit(__doc__.split("\n\n")[1])
+    import torch
+    from open_spiel.python.algorithms import exploitability
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from openmanus_rl_core.plugin.registry import build
+    from openmanus_rl_env_openspiel import games
+    from openmanus_rl_env_openspiel.env import OpenSpielEnv
+    from openmanus_rl_env_openspiel.exploitability import ModelPolicy, information_states, model_score
+
+    folder = Path(argv[0])
+    cfg = _run_config(folder)
+    env = OpenSpielEnv(**cfg["env"]["kwargs"])
+    game = env.game_string
+    if game != "leduc_poker":
+        raise SystemExit(f"env.kwargs.game={game!r} in {folder}'s run: this summary reads leduc_poker's cards")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    template = build("template", cfg["template"])
+    spiel = games.check_game(game)
+    with torch.no_grad():
+        policy = ModelPolicy(spiel, game, tokenizer, template, env.instruction,
+                             model_score(model, tokenizer.pad_token_id or 0)).build()
+    groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (player, _), state in information_states(spiel).items():
+        for action, p in policy.action_probabilities(state, player).items():
+            groups[_group(state, player)][state.action_to_string(player, action)].append(p)
+    print(f"| cards; legal actions ({folder}) | " + " | ".join(ACTIONS) + " |")
+    print("|---|" + "---|" * len(ACTIONS))
+    for name in sorted(groups):
+        probs = groups[name]
+        print(f"| {name} | " + " | ".join(f"{statistics.mean(probs[a]):.2f}" if a in probs else "-"
+                                          for a in ACTIONS) + " |")
+    print(f"exploitability {exploitability.exploitability(spiel, policy.as_openspiel()):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
