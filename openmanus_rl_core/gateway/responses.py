@@ -18,11 +18,11 @@ rendered by the chat template and recorded exactly like a chat completion:
   ``serve``'s last :attr:`~openmanus_rl_core.gateway.server.Gateway.SERVED_RESPONSES`.
 
 The reply's ``output``: a ``reasoning`` item for a leading ``<think>`` block, a ``message`` with the text, one
-``function_call`` item per tool call. Its status is ``incomplete`` only when the request's own
-``max_output_tokens`` cut it; a reply cut by the run's length cap is ``completed`` (see :func:`build`). ``stream``
-sends the SDK's typed events (``response.created`` ... ``response.completed``, or ``response.incomplete``): the
-text deltas (and a reasoning item) as they are generated where the rule of gateway/sse.py lets them go out live,
-keep-alive comments while nothing is new, the rest when the reply is finished.
+``function_call`` item per tool call. Its status is ``incomplete`` only when the request's own ``max_output_tokens``
+cut it; a reply cut by the run's length cap is ``completed`` (see :func:`build`). ``stream`` sends the SDK's typed
+events (``response.created`` ... ``response.completed``, or ``response.incomplete``): the text deltas (and a
+reasoning item) as they are generated where the rule of gateway/sse.py lets them go out live, keep-alive comments
+while nothing is new, the rest when the reply is finished.
 """
 
 from __future__ import annotations
@@ -166,8 +166,7 @@ def input_messages(items: Any) -> list[dict]:
         kind = item.get("type", "message")
         fold = ITEMS.get(kind)
         if fold is None:
-            raise ApiError(400, f"{where}: items of type {kind!r} are not served ({', '.join(ITEMS)} are)",
-                           param=where)
+            raise ApiError(400, f"{where}: items of type {kind!r} are not served ({', '.join(ITEMS)} are)", param=where)
         fold(transcript, item, where)
     return transcript.end()
 
@@ -270,11 +269,9 @@ def build(call: ResponsesCall, generated: Any, gateway: Any, record: Any, stamp:
     if text or not reply.tool_calls:
         part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
         if call.logprobs:
-            part["logprobs"] = [{"token": gateway.tokenizer.decode([t]), "logprob": lp, "bytes": [],
-                                 "top_logprobs": []}
-                                for t, lp in zip(reply.call.completion_ids, reply.call.logprobs)]
-            for lp in part["logprobs"]:
-                lp["bytes"] = list(lp["token"].encode())
+            tokens = [gateway.tokenizer.decode([t]) for t in reply.call.completion_ids]
+            part["logprobs"] = [{"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []}
+                                for s, lp in zip(tokens, reply.call.logprobs)]
         output.append({"id": stamp["msg"], "type": "message", "role": "assistant",
                        "status": "completed", "content": [part]})
     for tc in reply.tool_calls:
@@ -422,29 +419,32 @@ class Events:
 
     def finished(self, response: Any, rest: str | None = None) -> Iterator[bytes]:
         """``rest``: what of the message's text did not go out live."""
+        ends = {"reasoning": self._end_reasoning, "message": self._end_message, "function_call": self._end_call}
         for index, item in enumerate(response.output):
-            at = {"output_index": index, "item_id": item.id}
-            if item.type == "reasoning":
-                if item.id not in self.live_items:
-                    yield from self._reasoning(index, item)
-                continue
-            if item.type == "message":
-                part, opened = item.content[0], item.id in self.live_items
-                if not opened:
-                    yield from self._message(index, item)
-                delta, logprobs = (rest if opened else part.text), part.logprobs or []
-                if delta or logprobs or not opened:
-                    yield self.event("response.output_text.delta", content_index=0, delta=delta, logprobs=logprobs,
-                                     **at)
-                yield self.event("response.output_text.done", content_index=0, text=part.text, logprobs=logprobs,
-                                 **at)
-                yield self.event("response.content_part.done", content_index=0, part=part, **at)
-            else:
-                yield self.event("response.output_item.added", output_index=index,
-                                 item=item.model_copy(update={"arguments": "", "status": "in_progress"}))
-                yield self.event("response.function_call_arguments.delta", delta=item.arguments, **at)
-                yield self.event("response.function_call_arguments.done", arguments=item.arguments, name=item.name,
-                                 **at)
-            yield self.event("response.output_item.done", output_index=index, item=item)
+            yield from ends[item.type](index, item, rest)
         done = "response.incomplete" if response.status == "incomplete" else "response.completed"
         yield self.event(done, response=response)
+
+    def _end_reasoning(self, index: int, item: Any, rest: str | None) -> Iterator[bytes]:
+        if item.id not in self.live_items:  # a live one went out whole, done included
+            yield from self._reasoning(index, item)
+
+    def _end_message(self, index: int, item: Any, rest: str | None) -> Iterator[bytes]:
+        at = {"output_index": index, "item_id": item.id}
+        part, opened = item.content[0], item.id in self.live_items
+        if not opened:
+            yield from self._message(index, item)
+        delta, logprobs = (rest if opened else part.text), part.logprobs or []
+        if delta or logprobs or not opened:
+            yield self.event("response.output_text.delta", content_index=0, delta=delta, logprobs=logprobs, **at)
+        yield self.event("response.output_text.done", content_index=0, text=part.text, logprobs=logprobs, **at)
+        yield self.event("response.content_part.done", content_index=0, part=part, **at)
+        yield self.event("response.output_item.done", output_index=index, item=item)
+
+    def _end_call(self, index: int, item: Any, rest: str | None) -> Iterator[bytes]:
+        at = {"output_index": index, "item_id": item.id}
+        yield self.event("response.output_item.added", output_index=index,
+                         item=item.model_copy(update={"arguments": "", "status": "in_progress"}))
+        yield self.event("response.function_call_arguments.delta", delta=item.arguments, **at)
+        yield self.event("response.function_call_arguments.done", arguments=item.arguments, name=item.name, **at)
+        yield self.event("response.output_item.done", output_index=index, item=item)
