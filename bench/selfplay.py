@@ -22,7 +22,8 @@ model's probabilities of each legal move). The script reads each run's ``metrics
 and ``time/elapsed_s``, the seconds since the run started, warm-up included), prints a table per row and seed (the
 untrained and warmed-up policy's exploitability, the last measured, the best, the minutes to reach the goal,
 validations seen) with each row's mean over the seeds, and draws exploitability against minutes to
-``<out>/selfplay.png``. ``--out`` keeps the run folders (default: ``outputs/bench_selfplay/<time>``).
+``<out>/selfplay.png``. ``--out`` keeps the run folders (default: ``outputs/bench_selfplay/<time>``). ``--from
+DIR,DIR`` runs nothing: it puts the rows of earlier ``--out`` folders in one table and one plot.
 """
 
 from __future__ import annotations
@@ -177,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=20.0, help="wall time of each run")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
     parser.add_argument("--out", default=None, help="folder of the runs, the table and the plot")
+    parser.add_argument("--from", dest="sources", default=None,
+                        help="comma-separated folders of earlier runs of this script: their rows in one table and "
+                             "one plot (in --out), nothing run")
     parser.add_argument("overrides", nargs="*", help="hydra overrides for every run")
     a = parser.parse_args(argv)
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
@@ -192,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out or f"outputs/bench_selfplay/{time.strftime('%Y%m%d_%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[int, list]] = {}
-    for row in rows:  # each row and seed in its own process, one at a time (the machine's cores are shared)
+    for source in (a.sources or "").split(","):
+        if source.strip():  # selfplay.json: {row: {seed: [[minute, step, value], ...]}}
+            for row, seeds_of in json.loads((Path(source) / "selfplay.json").read_text()).items():
+                for seed, points in seeds_of.items():
+                    results.setdefault(row, {})[int(seed)] = [tuple(p) for p in points]
+    for row in rows if not a.sources else []:  # each row and seed in its own process, one at a time
         for seed in seeds:
             run_dir = out / f"{row}_seed{seed}"
             run_row(row, seed, a.minutes, run_dir, merged(GAMES[a.game][0], a.overrides))
