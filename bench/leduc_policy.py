@@ -11,8 +11,9 @@ instruction). The policy is the one ``val/exploitability`` measures (``exploitab
 probability of each legal action's reply, normalised over the legal actions), scored at every one of the 936
 information states. States are grouped by the cards the seat sees (``games.CARDS_IN_WORDS``: its own card and, in
 the second round, the public one, ``pair`` where the ranks match) and by the legal actions (``Fold`` is legal when
-facing a bet, ``Raise`` until the round's raises are used up); each group's line is the mean probability of each action's text over its states. The last
-line is OpenSpiel's exploitability of the whole policy, as the run's validation logs it.
+facing a bet, ``Raise`` until the round's raises are used up); each group's line is the mean probability of each
+action's text over its states. The last line is OpenSpiel's exploitability of the whole policy, as the run's
+validation logs it.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+ACTIONS = ("Fold", "Call", "Raise")  # Leduc's action texts, OpenSpiel's actions 0, 1 and 2
+
 
 def _run_config(folder: Path) -> dict:
     checkpoint = Path(json.loads((folder / "omrl_export.json").read_text())["checkpoint"])
     return json.loads((checkpoint.parent.parent / "config.json").read_text())
-
-
-ACTIONS = ("Fold", "Call", "Raise")
 
 
 def _group(state, player: int) -> str:
@@ -59,7 +59,7 @@ def _rule(fold: float, raise_: float):
                 {0: fold, 1: 1 - fold} if weak and 0 in legal else {1: 1.0})
         kept = {a: want.get(a, 0.0) for a in legal}
         total = sum(kept.values())
-        return {a: p / total for a, p in kept.items()} if total else {1: 1.0}
+        return {a: p / total for a, p in kept.items()} if total else {1: 1.0}  # no raise left: call
     return probs
 
 
@@ -73,7 +73,7 @@ def reference() -> None:
 
     spiel = games.check_game("leduc_poker")
     rules = {"uniform": None, "always call": lambda state, player: {1: 1.0}}
-    for fold in (0.5, 0.8, 1.0):
+    for fold in (0.0, 0.5, 0.8, 1.0):
         for raise_ in (0.5, 0.8, 1.0):
             rules[f"rule: fold a weak hand {fold:.0%}, raise a strong one {raise_:.0%}"] = _rule(fold, raise_)
     print("| policy | exploitability |\n|---|---|")

@@ -114,6 +114,16 @@ def curve(run_dir: Path) -> list[tuple[float, int, float]]:
     return out
 
 
+def earlier(sources: list[Path]) -> dict[str, dict[int, list]]:
+    """The rows of earlier runs' ``selfplay.json`` files (``{row: {seed: [[minute, step, value], ...]}}``), merged."""
+    results: dict[str, dict[int, list]] = {}
+    for source in sources:
+        for row, seeds in json.loads(source.read_text()).items():
+            for seed, points in seeds.items():
+                results.setdefault(row, {})[int(seed)] = [tuple(p) for p in points]
+    return results
+
+
 def summary(points: list[tuple[float, int, float]], target: float) -> dict:
     reached = next((m for m, _, v in points if v <= target), None)
     return {"first": points[0][2] if points else None,
@@ -195,13 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--minutes={a.minutes}: must be positive")
     out = Path(a.out or f"outputs/bench_selfplay/{time.strftime('%Y%m%d_%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[int, list]] = {}
-    for source in (a.sources or "").split(","):
-        if source.strip():  # selfplay.json: {row: {seed: [[minute, step, value], ...]}}
-            for row, seeds_of in json.loads((Path(source) / "selfplay.json").read_text()).items():
-                for seed, points in seeds_of.items():
-                    results.setdefault(row, {})[int(seed)] = [tuple(p) for p in points]
-    for row in rows if not a.sources else []:  # each row and seed in its own process, one at a time
+    sources = [Path(f) / "selfplay.json" for f in (a.sources or "").split(",") if f.strip()]
+    missing = [str(f) for f in sources if not f.is_file()]
+    if missing:
+        parser.error(f"--from: no {', '.join(missing)} (a folder this script wrote with --out)")
+    results: dict[str, dict[int, list]] = earlier(sources)
+    for row in [] if sources else rows:  # each row and seed in its own process, one at a time
         for seed in seeds:
             run_dir = out / f"{row}_seed{seed}"
             run_row(row, seed, a.minutes, run_dir, merged(GAMES[a.game][0], a.overrides))
