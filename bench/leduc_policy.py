@@ -32,10 +32,17 @@ def _run_config(folder: Path) -> dict:
     return json.loads((checkpoint.parent.parent / "config.json").read_text())
 
 
+def _cards(state, player: int) -> list[str]:
+    """The ranks the seat sees, in words: its own, then the public card's once dealt (``games.CARDS_IN_WORDS``)."""
+    from openmanus_rl_env_openspiel import games
+
+    return [line.split(": ", 1)[1] for line in games.CARDS_IN_WORDS["leduc_poker"](state, player)]
+
+
 def _group(state, player: int) -> str:
     from openmanus_rl_env_openspiel import games
 
-    cards = [line.split(": ", 1)[1] for line in games.CARDS_IN_WORDS["leduc_poker"](state, player)]
+    cards = _cards(state, player)
     if len(cards) == 2:
         cards[1] = "pair" if cards[0] == cards[1] else f"public {cards[1]}"
     return f"{', '.join(cards)}; {' / '.join(games.legal_texts(state, player))}"
@@ -45,15 +52,10 @@ def _rule(fold: float, raise_: float):
     """A hand-strength rule as a table over every information state: with a pair, or a king in the first round,
     raise with probability ``raise_`` (else call); with a weak hand (a jack in the first round, no pair and no king
     in the second) fold to a raise with probability ``fold`` (else call); otherwise call."""
-    import re
-
     def probs(state, player: int) -> dict[int, float]:
-        text = state.information_state_string(player)
-        own, public = re.search(r"\[Private: (\d+)\]", text), re.search(r"\[Public: (\d+)\]", text)
-        rank = int(own[1]) // 2
-        pair = public is not None and int(public[1]) // 2 == rank
-        strong = pair or (public is None and rank == 2)
-        weak = not strong and (rank == 0 or (public is not None and rank < 2))
+        own, *public = _cards(state, player)
+        strong = public == [own] or (not public and own == "King")
+        weak = not strong and (own == "Jack" or (bool(public) and own != "King"))
         legal = state.legal_actions(player)  # 0 fold, 1 call, 2 raise
         want = ({2: raise_, 1: 1 - raise_} if strong else
                 {0: fold, 1: 1 - fold} if weak and 0 in legal else {1: 1.0})

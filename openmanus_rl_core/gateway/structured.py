@@ -152,20 +152,31 @@ def request_constraint(tools: Sequence[Any] | None = None, tool_choice: Any = No
             raise ApiError(400, f"tool_choice names function {name!r}, which is not among the request's tools "
                            f"({', '.join(t['name'] for t in fns) or 'none'})", param="tool_choice")
         return tool_call_constraint(chosen, tool_format, parallel)
-    if choice == "required":
-        if not fns:
-            raise ApiError(400, "tool_choice='required' needs at least one function in tools", param="tool_choice")
-        return tool_call_constraint(fns, tool_format, parallel)
-    if choice == "auto":
-        if schema is None:
-            return None
-        if fns:
-            return any_of(fns, schema, tool_format, parallel)
-        return _schema_constraint(schema)
-    if choice == "none":
-        return None if schema is None else _schema_constraint(schema)
-    raise ApiError(400, f"tool_choice must be none, auto, required or a function, not {choice!r}",
-                   param="tool_choice")
+    rule = _CHOICES.get(choice) if isinstance(choice, str) else None
+    if rule is None:
+        raise ApiError(400, f"tool_choice must be none, auto, required or a function, not {choice!r}",
+                       param="tool_choice")
+    return rule(fns, schema, tool_format, parallel)
+
+
+def _required(fns: list, schema: Any, tool_format: Any, parallel: bool) -> Constraint:
+    if not fns:
+        raise ApiError(400, "tool_choice='required' needs at least one function in tools", param="tool_choice")
+    return tool_call_constraint(fns, tool_format, parallel)
+
+
+def _auto(fns: list, schema: Any, tool_format: Any, parallel: bool) -> Constraint | None:
+    if schema is None:
+        return None
+    return any_of(fns, schema, tool_format, parallel) if fns else _schema_constraint(schema)
+
+
+def _none(fns: list, schema: Any, tool_format: Any, parallel: bool) -> Constraint | None:
+    return None if schema is None else _schema_constraint(schema)
+
+
+_CHOICES = {"required": _required, "auto": _auto, "none": _none}
+"""A named ``tool_choice``: what the reply must be, from the request's functions and its response format's schema."""
 
 
 def _schema_constraint(schema: dict[str, Any]) -> Constraint:
