@@ -43,6 +43,26 @@ class Timed(HFEngine):
             self.ended.append(time.monotonic())
 
 
+class Paced(Timed):
+    """The real engine, waiting after each step's tokens (up to half a second) until the client has read a delta:
+    under load the engine could otherwise finish a short reply before the gateway's writer first wakes, and send it
+    as one delta, which is a valid stream but not the one a test of live deltas asks for."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read = threading.Event()
+
+    def generate(self, prompts, params=None, on_tokens=None):
+        if on_tokens is None:
+            return super().generate(prompts, params)
+
+        def told(*args, **kwargs):
+            on_tokens(*args, **kwargs)
+            self.read.wait(0.5)
+            self.read.clear()
+        return super().generate(prompts, params, told)
+
+
 class Slow:
     """The fault a keep-alive is for: an engine that cannot stream (as a served model) and takes its time."""
 
@@ -66,9 +86,9 @@ def serve(policy):
     model, tok = policy
     made = []
 
-    def make(wrap=None, **kw):
+    def make(wrap=None, engine_cls=Timed, **kw):
         # No prefix cache: a later call's prefill then computes exactly as the first's, so greedy replies agree.
-        engine = Timed(model, tok, seed=0, num_threads=1, prefix_cache_mb=0)
+        engine = engine_cls(model, tok, seed=0, num_threads=1, prefix_cache_mb=0)
         gw = Gateway(wrap(engine) if wrap else engine, tok, "omrl-policy", keys=["key"], **kw)
         made.append(gw)
         return gw, engine
@@ -170,7 +190,7 @@ def test_concurrent_streams_batched_into_one_generate_each_get_their_own_tokens(
 
 
 def test_a_constrained_reply_streams_and_still_follows_its_schema(serve):
-    gw, _ = serve()
+    gw, engine = serve(engine_cls=Paced)
     client = _client(gw)
     schema = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]},
                                                "days": {"type": "integer", "minimum": 1, "maximum": 9}},
@@ -178,9 +198,12 @@ def test_a_constrained_reply_streams_and_still_follows_its_schema(serve):
     fmt = {"type": "json_schema", "json_schema": {"name": "forecast", "schema": schema, "strict": True}}
     whole = client.chat.completions.create(model="omrl-policy", messages=ROOM, temperature=0, max_tokens=120,
                                            response_format=fmt)
-    deltas = [c.choices[0].delta.content for c in client.chat.completions.create(
-        model="omrl-policy", messages=ROOM, temperature=0, max_tokens=120, response_format=fmt, stream=True)
-        if c.choices and c.choices[0].delta.content]
+    deltas = []
+    for c in client.chat.completions.create(model="omrl-policy", messages=ROOM, temperature=0, max_tokens=120,
+                                            response_format=fmt, stream=True):
+        if c.choices and c.choices[0].delta.content:
+            deltas.append(c.choices[0].delta.content)
+            engine.read.set()
     assert len(deltas) > 1 and "".join(deltas) == whole.choices[0].message.content
     jsonschema.validate(json.loads("".join(deltas)), schema)
 
