@@ -36,7 +36,8 @@ def _cards(state, player: int) -> list[str]:
     """The ranks the seat sees, in words: its own, then the public card's once dealt (``games.CARDS_IN_WORDS``)."""
     from openmanus_rl_env_openspiel import games
 
-    return [line.split(": ", 1)[1] for line in games.CARDS_IN_WORDS["leduc_poker"](state, player)]
+    return [line.split(": ", 1)[1] for line in games.CARDS_IN_WORDS["leduc_poker"](state, player)
+            if line.startswith(("Your card:", "Public card:"))]
 
 
 def _group(state, player: int) -> str:

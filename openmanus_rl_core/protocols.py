@@ -103,6 +103,9 @@ class Env(Protocol):
       prompt is rendered with ``tokenizer.apply_chat_template(..., tools=tools)`` and ``step`` receives a call as the
       canonical text ``{"name": ..., "arguments": {...}}`` (``json.dumps`` with its default separators; see the
       template plugin's ``tool_calls`` module).
+    - ``action_choices() -> list[str] | None`` -- the actions ``step`` accepts now, as texts (a game's legal moves),
+      or None when the env does not know. With ``rollout.constrain_actions=true`` the next reply is decoded as
+      ``template.render(choice)`` for one of them (:mod:`openmanus_rl_core.rollout.choices`).
     - ``without_delays() -> Env`` -- the same episodes without simulated waits (a wrapper that only delays, such
       as ``latency``, gives the env it wraps). Work off the rollout path plays that env instead: the tokenizer
       corpus and the warm-up's oracle episodes (:func:`openmanus_rl_core.plugin.envs.undelayed`).

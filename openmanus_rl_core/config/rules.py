@@ -111,7 +111,14 @@ def _rule_agent(c: Config) -> str | None:
     return None
 
 
+def _rule_constrained_engine(c: Config) -> str | None:
+    if c.rollout.constrain_actions and c.rollout.engine == "openai":
+        return ("rollout.constrain_actions=true: rollout.engine=openai asks a served model for free text and sends it "
+                "no grammar; use the hf or vllm engine, or rollout.constrain_actions=false")
+    return None
+
+
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
 RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_correction,
          _rule_replicate_precision, _rule_overlap_update, _rule_model_folders, _rule_ref_reset,
-         _rule_agent)
+         _rule_agent, _rule_constrained_engine)

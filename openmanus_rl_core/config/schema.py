@@ -215,6 +215,9 @@ class RolloutConfig:
     top_p: float = opt(1.0, "nucleus sampling mass", gt=0)
     top_k: int = opt(0, "top-k sampling (0: off)", ge=0)
     greedy: bool = opt(False, "argmax decoding")
+    constrain_actions: bool = opt(False, "decode each reply as one of the env's legal actions, written by the "
+                                         "template (envs with action_choices(), e.g. openspiel; others reply "
+                                         "freely; rollout/choices.py)")
     env_timeout_s: float = opt(30.0, "limit of one env.reset / env.step call (past it: env_error)", gt=0)
     env_workers: int = opt(0, "threads for env calls (0: one per live episode)", ge=0)
     mode: str = opt("lockstep", "lockstep: one generate over every live episode per turn, the turn waits for its "

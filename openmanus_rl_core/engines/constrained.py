@@ -54,7 +54,7 @@ import torch
 from openmanus_rl_core.protocols import Constraint
 
 __all__ = ["JSON_FORMAT", "ToolCallFormat", "HERMES", "json_schema_constraint", "json_object_constraint",
-           "tool_call_constraint", "any_of", "to_lark", "grammar_error", "Grammars", "RowMatchers", "per_row",
+           "tool_call_constraint", "any_of", "one_of", "to_lark", "grammar_error", "Grammars", "RowMatchers", "per_row",
            "pass_width"]
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,14 @@ def any_of(tools: Sequence[Mapping[str, Any]], schema: Mapping[str, Any], fmt: T
     expr, rules = _calls_rule(tools, fmt, parallel)
     body = json.dumps(_with_format(schema), ensure_ascii=False)
     return Constraint(lark=f"start: {expr} | answer\n{rules}answer: %json {body}\n", name="tool_call_or_json")
+
+
+def one_of(texts: Sequence[str], name: str = "one_of") -> Constraint:
+    """The reply is exactly one of ``texts``, byte for byte (an env's legal actions, each as its template writes
+    it: ``rollout/choices.py``)."""
+    if not texts:
+        raise ValueError("a one_of constraint needs at least one text")
+    return Constraint(lark=f"start: {' | '.join(_lark_str(t) for t in dict.fromkeys(texts))}\n", name=name)
 
 
 def to_lark(constraint: Constraint) -> str:

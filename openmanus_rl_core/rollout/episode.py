@@ -84,7 +84,7 @@ class LiveEpisode:
     """Book-keeping of one episode while it runs."""
 
     __slots__ = ("ep", "env", "obs", "done", "generation", "system", "task", "history", "summary", "pending",
-                 "turn", "env_s", "tools")
+                 "turn", "env_s", "tools", "constraint")
 
     def __init__(self, ep: Episode):
         self.ep = ep
@@ -99,6 +99,7 @@ class LiveEpisode:
         self.summary = Summary()  # a model-written summary of the turns before the memory's window
         self.pending = False  # its next context waits for the summary (built right before generating)
         self.tools: list[dict] | None = None  # the tools its chat template shows (rollout/chat.py: prompt_tools)
+        self.constraint: Any = None  # its next reply's Constraint (rollout/choices.py), None: a free reply
 
     def finish(self, termination: str, error: str | None = None) -> None:
         """The episode ends now, for ``termination`` (a :data:`TERMINATIONS` value)."""

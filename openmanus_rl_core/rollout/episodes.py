@@ -143,7 +143,7 @@ class EpisodeRunner:
         batch = [self.ready.popleft() for _ in range(min(cap, len(self.ready)))]
         loop._prepare(batch)
         t0 = time.perf_counter()
-        gens = loop.engine.generate([loop._prompt(lv) for lv in batch], self.params)
+        gens = loop.engine.generate([loop._prompt(lv) for lv in batch], loop._constrained(self.params, batch))
         self.stats["gen_s"] += time.perf_counter() - t0
         self.stats["generate_calls"] += 1
         self.stats["gen_rows"] += len(batch)

@@ -37,6 +37,7 @@ A memory with a model-written summary has it written right before each generate 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +54,7 @@ from openmanus_rl_core.protocols import (
     Turn,
 )
 from openmanus_rl_core.rollout.chat import ChatDelta, prompt_tools
+from openmanus_rl_core.rollout.choices import choice_constraint, env_choices
 from openmanus_rl_core.rollout.env_pool import CallStatus, EnvCallPool, describe_error
 from openmanus_rl_core.rollout.episode import Episode, LiveEpisode
 from openmanus_rl_core.rollout.episodes import EpisodeRunner
@@ -201,6 +203,8 @@ class AgentLoop:
                 self._first_prompt(lv, value)
             except Exception as exc:  # a template's system_prompt that raises ends only this episode
                 lv.finish("env_error", f"building the first prompt failed: {describe_error(exc)}")
+                return
+            self._choose(lv)
         elif status is CallStatus.OK:
             lv.finish("env_error", f"env.reset returned {type(value).__name__}, not str")
         elif status is CallStatus.TIMEOUT:
@@ -224,6 +228,24 @@ class AgentLoop:
 
     def _params(self) -> SamplingParams:
         return sampling_params(self.cfg, list(getattr(self.template, "stop", []) or []))
+
+    def _choose(self, lv: LiveEpisode) -> None:
+        """``rollout.constrain_actions``: the next reply of ``lv`` is one of its env's legal actions
+        (``rollout/choices.py``); an env or template that fails at it ends only this episode."""
+        if not self.cfg.constrain_actions:
+            return
+        try:
+            lv.constraint = choice_constraint(self.template, env_choices(lv.env))
+        except Exception as exc:
+            lv.finish("env_error", f"rollout.constrain_actions: the legal actions' constraint failed: "
+                                   f"{describe_error(exc)}")
+
+    @staticmethod
+    def _constrained(params: SamplingParams, lives: Sequence[LiveEpisode]) -> SamplingParams:
+        """``params`` for one generate call over ``lives``, each row with its episode's constraint (if any has one)."""
+        if all(lv.constraint is None for lv in lives):
+            return params
+        return dataclasses.replace(params, constraint=[lv.constraint for lv in lives])
 
     def _end(self, lives: Sequence[LiveEpisode], total: float) -> list[Episode]:
         for lv in lives:
@@ -275,7 +297,7 @@ class AgentLoop:
                 self._prepare(live)
                 t0 = time.perf_counter()
                 prompts = [self._prompt(lv) for lv in live]
-                gens = self.engine.generate(prompts, params)
+                gens = self.engine.generate(prompts, self._constrained(params, live))
                 gen_s = time.perf_counter() - t0
                 stats["generate_calls"] += 1
                 if len(gens) != len(live):
@@ -368,6 +390,9 @@ class AgentLoop:
             return
         if turn + 1 >= cfg.max_turns:
             return  # the loop ends it as max_turns; no observation tokens after the last reply
+        self._choose(lv)
+        if lv.done:
+            return
         obs_ids, obs_cut = self._obs_tokens(value.observation)
         if self.per_turn:
             if obs_cut:

@@ -340,6 +340,13 @@ class OpenSpielEnv:
             else:
                 state.apply_action(self._opponents[state.current_player()].act(state))
 
+    def action_choices(self) -> list[str] | None:
+        """The legal actions' texts while this seat is to move, None once its episode is over: with
+        ``rollout.constrain_actions=true`` each reply is decoded as one of them."""
+        if self.state is None or self._over or self._game_over():
+            return None
+        return games.legal_texts(self.state, self.own)
+
     def oracle_action(self) -> str:
         """A uniformly random legal action's text (the warm-up learns the format from it, not a strategy)."""
         if self.state is None or self._over or self._game_over():

@@ -13,7 +13,7 @@ import re
 from typing import Any, Callable
 
 __all__ = ["load", "check_game", "describe", "header", "legal_texts", "match_action", "moves_so_far", "outcome_text",
-           "CARDS_IN_WORDS"]
+           "CARDS_IN_WORDS", "BOARDS_APART"]
 
 
 def _pyspiel():
@@ -99,11 +99,17 @@ def _kuhn_cards(state: Any, player: int) -> list[str]:
 
 
 def _leduc_cards(state: Any, player: int) -> list[str]:
-    """Leduc Poker's cards come in two suits: card ``c`` has rank ``c // 2``."""
+    """Leduc Poker's cards come in two suits: card ``c`` has rank ``c // 2``. Once the public card is dealt, the
+    hand it makes with the seat's own card is said too (a pair beats any hand without one): comparing two lines'
+    ranks is one more thing a small policy would have to learn before it could play a pair."""
     text = state.information_state_string(player)
     private, public = re.search(r"\[Private: (\d+)\]", text), re.search(r"\[Public: (\d+)\]", text)
     lines = [f"Your card: {_rank(int(private[1]) // 2)}"] if private else []
-    return lines + ([f"Public card: {_rank(int(public[1]) // 2)}"] if public else [])
+    if private and public:
+        mine, shown = int(private[1]) // 2, int(public[1]) // 2
+        lines += [f"Public card: {_rank(shown)}",
+                  f"Your hand: a pair of {_rank(mine)}s" if mine == shown else f"Your hand: {_rank(mine)} high, no pair"]
+    return lines
 
 
 CARDS_IN_WORDS: dict[str, Callable[[Any, int], list[str]]] = {"kuhn_poker": _kuhn_cards, "leduc_poker": _leduc_cards}
@@ -112,13 +118,30 @@ bet), by the game's name: the cards a seat sees, in words, one line each. A numb
 counts is hard for a small policy to read; a word for each rank is not."""
 
 
+def _grid(state: Any, player: int) -> str:
+    """A board of one character a cell (OpenSpiel's ``x.o`` lines), a row a line with its number, the cells apart:
+    ``0: x . o``. Written as OpenSpiel writes it, a byte-level BPE merges neighbouring cells (``xo``, ``..``) into
+    one token, so a cell's mark has no token of its own; apart, each cell is one token (`` x``, `` o``, `` .``) at a
+    fixed place, and the row's number is the one its actions name (``x(0,2)``)."""
+    rows = [row for row in state.observation_string(player).splitlines() if row.strip()]
+    columns = " ".join(str(c) for c in range(max(len(r) for r in rows)))
+    return "\n".join([f"Board (rows 0-{len(rows) - 1}, columns {columns}):",
+                      *(f"{r}: {' '.join(row)}" for r, row in enumerate(rows))])
+
+
+BOARDS_APART: dict[str, Callable[[Any, int], str]] = {"tic_tac_toe": _grid, "connect_four": _grid}
+"""Games whose state text is a board of one character a cell, by the game's name: that board with its cells apart
+(:func:`_grid`), in place of OpenSpiel's text."""
+
+
 def describe(state: Any, player: int, game: str) -> str:
     """The observation ``player`` gets when it is to move at ``state``: the game, its seat, OpenSpiel's text of what
     it knows (and the cards in words, :data:`CARDS_IN_WORDS`), the moves so far and the legal actions."""
     moves = moves_so_far(state)
-    cards = CARDS_IN_WORDS.get(state.get_game().get_type().short_name)
+    name = state.get_game().get_type().short_name
+    cards, board = CARDS_IN_WORDS.get(name), BOARDS_APART.get(name, _state_text)
     lines = [header(game, player, state.get_game().num_players()),
-             f"State (as player {player} sees it):", _state_text(state, player),
+             f"State (as player {player} sees it):", board(state, player),
              *(cards(state, player) if cards else []),
              "Moves so far: " + ("; ".join(moves) if moves else "none"),
              "Legal actions: " + ", ".join(legal_texts(state, player))]

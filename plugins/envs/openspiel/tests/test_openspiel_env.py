@@ -90,12 +90,16 @@ def test_the_reward_is_the_seats_openspiel_return_and_a_task_is_the_same_deal():
 def test_moves_are_read_by_their_text_case_and_spacing_ignored_and_the_board_is_shown():
     env = OpenSpielEnv(game="tic_tac_toe", seat=0, opponent="random")
     first = env.reset(task_id=0)
-    assert "...\n...\n..." in first and legal(first)[0] == "x(0,0)"
+    assert "\nBoard (rows 0-2, columns 0 1 2):\n0: . . .\n1: . . .\n2: . . .\n" in first
+    assert legal(first)[0] == "x(0,0)"
     result = env.step("  X(1,1) ")
     assert not result.info["invalid"] and env.state.history()[0] == 4
-    board = result.observation.split("sees it):\n", 1)[1].splitlines()[:3]
-    assert "Moves so far: player 0: x(1,1); player 1: o(" in result.observation and board[1][1] == "x"
-    assert sum(row.count("o") for row in board) == 1 and sum(row.count(".") for row in board) == 7
+    rows = result.observation.split("columns 0 1 2):\n", 1)[1].splitlines()[:3]
+    cells = [row.split(": ", 1)[1].split(" ") for row in rows]
+    assert [row.split(":")[0] for row in rows] == ["0", "1", "2"] and all(len(c) == 3 for c in cells)
+    assert "Moves so far: player 0: x(1,1); player 1: o(" in result.observation and cells[1][1] == "x"
+    o_at = divmod(env.state.history()[1], 3)  # OpenSpiel's action c is the cell (c // 3, c % 3)
+    assert cells[o_at[0]][o_at[1]] == "o" and sum(row.count(".") for row in cells) == 7
 
 
 def test_an_invalid_reply_lists_the_legal_actions_keeps_the_state_and_the_limit_forfeits():
@@ -181,12 +185,34 @@ def test_describe_is_a_function_of_the_state_and_seat():
     assert "Your card: King" in games.describe(state, 0, "kuhn_poker")
 
 
-def test_leduc_cards_are_named_by_rank_and_the_public_card_once_dealt():
+def test_leduc_cards_are_named_by_rank_and_the_public_card_and_the_hand_once_dealt():
     state = pyspiel.load_game("leduc_poker").new_initial_state()
     for a in (2, 5):  # a queen (cards 2, 3) to player 0, a king (4, 5) to player 1
         state.apply_action(a)
     assert [l for l in games.describe(state, 0, "leduc_poker").splitlines() if "card" in l] == ["Your card: Queen"]
     for a in (1, 1, 0):  # both call; the public card is a jack
         state.apply_action(a)
-    assert [l for l in games.describe(state, 1, "leduc_poker").splitlines() if "card" in l] == [
-        "Your card: King", "Public card: Jack"]
+    assert [l for l in games.describe(state, 1, "leduc_poker").splitlines() if l.startswith("Your ") or "card" in l] == [
+        "Your card: King", "Public card: Jack", "Your hand: King high, no pair"]
+    paired = pyspiel.load_game("leduc_poker").new_initial_state()
+    for a in (0, 5, 1, 1, 1):  # a jack to player 0, a king to player 1; both call; the public card is the other jack
+        paired.apply_action(a)
+    assert games.describe(paired, 0, "leduc_poker").splitlines()[3:6] == [
+        "Your card: Jack", "Public card: Jack", "Your hand: a pair of Jacks"]
+
+
+def test_a_board_cell_is_one_token_of_a_tokenizer_trained_on_the_games_text():
+    from openmanus_rl_core.models.loading import build_tokenizer
+
+    rng, texts = random.Random(0), []
+    for _ in range(100):  # the embedded default trains its tokenizer on the env's own text, as here
+        state = pyspiel.load_game("tic_tac_toe").new_initial_state()
+        while not state.is_terminal():
+            texts.append(games.describe(state, state.current_player(), "tic_tac_toe"))
+            state.apply_action(rng.choice(state.legal_actions()))
+    tok = build_tokenizer(texts)
+    rows = [line for text in texts[:40] for line in text.splitlines() if line[:3] in ("0: ", "1: ", "2: ")]
+    assert len(rows) == 120
+    for row in rows:
+        pieces = [tok.decode([i]) for i in tok.encode(row, add_special_tokens=False)]
+        assert pieces[:2] == [row[0], ":"] and pieces[2:] == [f" {c}" for c in row[3::2]]

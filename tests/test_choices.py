@@ -1,0 +1,121 @@
+"""Replies decoded as one of the env's legal actions (``rollout.constrain_actions``, openmanus_rl_core/rollout/
+choices.py): each row of a generate call carries its own episode's choices; an env without ``action_choices`` replies
+freely; an env whose ``action_choices`` fails or answers nonsense ends only its own episode, with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from openmanus_rl_core.config import ConfigError
+from openmanus_rl_core.config.loading import load
+from openmanus_rl_core.engines.constrained import one_of, to_lark
+from openmanus_rl_core.engines.hf import HFEngine
+from openmanus_rl_core.models.loading import build_tiny_model, build_tokenizer
+from openmanus_rl_core.plugin.registry import build
+from openmanus_rl_core.protocols import StepResult
+from openmanus_rl_core.rollout import AgentLoop, RolloutConfig
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+WORDS = ["north", "south", "east", "west", 'say "hi"', "wait\nthen go"]
+
+
+class MenuEnv:
+    """Offers ``choices(task_id)`` each turn (faults injected by task id); three steps, then done."""
+
+    instruction = "Pick one of the listed moves."
+
+    def __init__(self, answer=None):
+        self.answer, self.task, self.k, self.offered = answer, None, 0, []
+
+    def reset(self, task_id=None, seed=None):
+        self.task, self.k = task_id, 0
+        return f"task {task_id}: moves {WORDS}"
+
+    def action_choices(self):
+        if self.answer is not None:
+            return self.answer(self.task)
+        offer = [WORDS[(self.task + self.k) % len(WORDS)], WORDS[(self.task + self.k + 1) % len(WORDS)]]
+        self.offered.append(offer)
+        return offer
+
+    def step(self, action):
+        self.k += 1
+        return StepResult(f"moved {action}", 0.0, self.k >= 3, {"offered": self.offered[-1] if self.offered else None})
+
+    def close(self):
+        pass
+
+
+class FreeEnv(MenuEnv):
+    action_choices = None  # no method: a free reply
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer([" ".join(WORDS) + " <action></action> moved task moves"] * 4, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                            seed=5)
+
+
+def run(model, tok, make_env, tasks, mode="lockstep", constrain=True):
+    template = build("template", {"name": "react", "kwargs": {}})
+    loop = AgentLoop(HFEngine(model, tok, seed=0, num_threads=1), tok, template, make_env,
+                     RolloutConfig(max_turns=3, mode=mode, gen_wait_ms=5, max_new_tokens=20,
+                                   constrain_actions=constrain))
+    return loop.run([{"task_id": t, "seed": 0} for t in tasks]), template
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "episodes"])
+def test_each_row_is_held_to_its_own_episodes_choices(model, tok, mode):
+    episodes, template = run(model, tok, MenuEnv, range(6), mode)
+    assert all(e.trajectory.termination == "done" and len(e.trajectory.turns) == 3 for e in episodes)
+    for e in episodes:
+        for tr in e.trajectory.turns:
+            assert tr.response == template.render(template.parse(tr.response).content)
+            assert template.parse(tr.response).content in tr.info["offered"]
+    # the rows of one call differ (task t offers words t, t+1), so a shared grammar would have failed above
+    assert len({e.trajectory.turns[0].action.content for e in episodes}) > 2
+
+
+def test_off_by_default_and_an_env_without_choices_replies_freely(model, tok):
+    free, template = run(model, tok, MenuEnv, range(4), constrain=False)
+    turns = [tr for e in free for tr in e.trajectory.turns]
+    assert all(tr.info["offered"] is None for tr in turns)  # never asked
+    assert sum(template.parse(tr.response).content not in WORDS for tr in turns) >= 6  # an untrained model's text
+    plain, _ = run(model, tok, FreeEnv, range(4))
+    assert all(e.trajectory.termination != "env_error" for e in plain)
+    assert any(not tr.response.startswith("<action>") for e in plain for tr in e.trajectory.turns)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (lambda task: 1 / 0 if task == 1 else ["north"], "ZeroDivisionError"),
+    (lambda task: "north" if task == 1 else ["north"], "env.action_choices() returned 'north', not a list"),
+    (lambda task: [3] if task == 1 else ["north"], "env.action_choices() returned [3], not a list"),
+])
+def test_a_failing_action_choices_ends_only_its_episode_and_says_why(model, tok, answer, says):
+    episodes, _ = run(model, tok, lambda: MenuEnv(answer), range(3), mode="episodes")
+    bad = episodes[1].trajectory
+    assert bad.termination == "env_error" and "rollout.constrain_actions" in bad.error and says in bad.error
+    assert [e.trajectory.termination for e in (episodes[0], episodes[2])] == ["done", "done"]
+    assert all(tr.response == "<action>north</action>" for e in (episodes[0], episodes[2]) for tr in e.trajectory.turns)
+
+
+def test_an_empty_or_absent_offer_leaves_the_reply_free_and_texts_are_quoted():
+    from openmanus_rl_core.rollout.choices import choice_constraint
+
+    template = build("template", {"name": "react", "kwargs": {}})
+    assert choice_constraint(template, None) is None and choice_constraint(template, []) is None
+    lark = to_lark(choice_constraint(template, ['say "hi"', "wait\nthen go", 'say "hi"']))
+    assert lark == 'start: "<action>say \\"hi\\"</action>" | "<action>wait\\nthen go</action>"\n'
+    with pytest.raises(ValueError, match="at least one text"):
+        one_of([])
+
+
+def test_a_served_engine_is_refused_with_constrained_actions():
+    with pytest.raises(ConfigError, match="rollout.constrain_actions=true: rollout.engine=openai"):
+        load(["rollout.constrain_actions=true", "rollout.engine=openai"])
