@@ -10,8 +10,10 @@ only one text remains, its tokens are forced (log-probability 0).
 
 What this changes in training: every reply is a legal action, so no episode is spent on an invalid one and the
 policy's choice is among the legal actions only, as OpenSpiel's bots and the exploitability adapter see it. The
-recorded log-probabilities are the masked distribution's; the actor recomputes the unmasked ones (``engines/hf.py``),
-which is the on-policy ratio unless ``algorithm.recompute_old_log_probs=rollout``. A reply carries no thought: a
+recorded log-probabilities are the masked distribution's, and the actor's are the unmasked ones
+(``engines/hf.py``): where the PPO ratio's old log-probs are the actor's own (the default), nothing differs; where
+they are the rollout's (``algorithm.recompute_old_log_probs=rollout``, or ``rollout_correction=behaviour`` in the
+group stream), a constrained token's ratio also carries the allowed tokens' mass. A reply carries no thought: a
 template's ``render(choice)`` without one is the whole reply.
 """
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from openmanus_rl_core.engines.constrained import one_of
 from openmanus_rl_core.protocols import Constraint
 
 __all__ = ["env_choices", "choice_constraint"]
@@ -46,4 +47,6 @@ def choice_constraint(template: Any, choices: Sequence[str] | None) -> Constrain
     a free reply; an empty list too: the env has nothing to offer, and its own answer to a reply says so)."""
     if not choices:
         return None
+    from openmanus_rl_core.engines.constrained import one_of  # imports torch: not on the config's path (rollout/)
+
     return one_of([template.render(c) for c in choices], name="action_choices")

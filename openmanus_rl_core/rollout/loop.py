@@ -24,6 +24,10 @@ Termination reasons (``protocols.TERMINATIONS``): ``done`` (the env said so), ``
 env's factory, ``reset`` or ``step`` raised, hung past ``env_timeout_s``, or returned something that is not a
 ``StepResult``; the message is in ``Trajectory.error``), ``invalid`` (the model produced an empty reply).
 
+With ``rollout.constrain_actions``, each reply of an env that names its legal actions (``env.action_choices()``,
+asked after the reset and after every step that leaves the episode running) is decoded as one of them: the
+episode's row of the generate call carries that grammar (``rollout/choices.py``).
+
 With a per-turn :class:`~openmanus_rl_core.protocols.Memory` (any but ``full``), each reply is its own sample::
 
     context_t = chat(memory.messages(system, first observation, past turns), generation prompt)
