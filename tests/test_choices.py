@@ -145,3 +145,16 @@ def test_vllm_holds_each_row_to_its_own_episodes_choices(tmp_path, tok):
             assert tr.response == template.render(template.parse(tr.response).content)
             assert template.parse(tr.response).content in tr.info["offered"]
     assert len({e.trajectory.turns[0].action.content for e in episodes}) > 2
+
+
+def test_a_mix_offers_the_legal_actions_of_the_source_playing_the_task():
+    from openmanus_rl_core.plugin.mix import MixEnv
+
+    env = MixEnv({"kuhn": {"name": "openspiel", "kwargs": {"game": "kuhn_poker", "seat": 0}},
+                  "door": {"name": "key_door", "kwargs": {}}})
+    assert env.action_choices() is None  # before an episode
+    env.start_task({"source": "kuhn", "task_id": 2, "seed": 0})
+    assert env.action_choices() == ["Pass", "Bet"]
+    env.start_task({"source": "door", "task_id": 2, "seed": 0})
+    assert env.action_choices() is None  # key_door names no legal actions: its replies stay free
+    env.close()

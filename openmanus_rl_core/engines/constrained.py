@@ -54,8 +54,8 @@ import torch
 from openmanus_rl_core.protocols import Constraint
 
 __all__ = ["JSON_FORMAT", "ToolCallFormat", "HERMES", "json_schema_constraint", "json_object_constraint",
-           "tool_call_constraint", "any_of", "one_of", "to_lark", "grammar_error", "Grammars", "RowMatchers", "per_row",
-           "pass_width"]
+           "tool_call_constraint", "any_of", "one_of", "to_lark", "grammar_error", "Grammars", "RowMatchers",
+           "per_row", "pass_width"]
 
 log = logging.getLogger(__name__)
 

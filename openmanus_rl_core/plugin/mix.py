@@ -237,6 +237,12 @@ class MixEnv:
         """The tools of the env playing the current task (None before an episode starts, or for an env without)."""
         return getattr(self._env, "tools", None) if self._env is not None else None
 
+    def action_choices(self) -> list[str] | None:
+        """The legal actions of the env playing the current task (``rollout.constrain_actions``), None where it names
+        none."""
+        method = getattr(self._env, "action_choices", None) if self._env is not None else None
+        return method() if method is not None else None
+
     @property
     def source(self) -> str | None:
         return self._source
