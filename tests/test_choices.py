@@ -51,6 +51,14 @@ class FreeEnv(MenuEnv):
     action_choices = None  # no method: a free reply
 
 
+def held_to_the_offer(episodes, template):
+    """Every reply is the template's rendering of one of the actions its env offered for that turn."""
+    for e in episodes:
+        for tr in e.trajectory.turns:
+            assert tr.response == template.render(template.parse(tr.response).content)
+            assert template.parse(tr.response).content in tr.info["offered"]
+
+
 @pytest.fixture(scope="module")
 def tok():
     return build_tokenizer([" ".join(WORDS) + " <action></action> moved task moves"] * 4, vocab_size=300)
@@ -74,10 +82,7 @@ def run(model, tok, make_env, tasks, mode="lockstep", constrain=True):
 def test_each_row_is_held_to_its_own_episodes_choices(model, tok, mode):
     episodes, template = run(model, tok, MenuEnv, range(6), mode)
     assert all(e.trajectory.termination == "done" and len(e.trajectory.turns) == 3 for e in episodes)
-    for e in episodes:
-        for tr in e.trajectory.turns:
-            assert tr.response == template.render(template.parse(tr.response).content)
-            assert template.parse(tr.response).content in tr.info["offered"]
+    held_to_the_offer(episodes, template)
     # the rows of one call differ (task t offers words t, t+1), so a shared grammar would have failed above
     assert len({e.trajectory.turns[0].action.content for e in episodes}) > 2
 
@@ -140,10 +145,7 @@ def test_vllm_holds_each_row_to_its_own_episodes_choices(tmp_path, tok):
     finally:
         engine.close()
     assert all(e.trajectory.termination == "done" and len(e.trajectory.turns) == 3 for e in episodes)
-    for e in episodes:
-        for tr in e.trajectory.turns:
-            assert tr.response == template.render(template.parse(tr.response).content)
-            assert template.parse(tr.response).content in tr.info["offered"]
+    held_to_the_offer(episodes, template)
     assert len({e.trajectory.turns[0].action.content for e in episodes}) > 2
 
 

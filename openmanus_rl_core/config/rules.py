@@ -112,10 +112,15 @@ def _rule_agent(c: Config) -> str | None:
 
 
 def _rule_constrained_engine(c: Config) -> str | None:
-    if c.rollout.constrain_actions and c.rollout.engine == "openai":
-        return ("rollout.constrain_actions=true: rollout.engine=openai asks a served model for free text and sends it "
-                "no grammar; use the hf or vllm engine, or rollout.constrain_actions=false")
-    return None
+    if not c.rollout.constrain_actions:
+        return None
+    from openmanus_rl_core.plugin.registry import registry
+
+    engines = registry("engine")
+    if c.rollout.engine not in engines.names() or getattr(engines.get(c.rollout.engine), "decodes_constraints", True):
+        return None  # an unknown engine is named where the engine is built
+    return (f"rollout.constrain_actions=true: rollout.engine={c.rollout.engine} sends its model no grammar; use an "
+            f"engine that decodes under one (hf, vllm), or rollout.constrain_actions=false")
 
 
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.

@@ -41,6 +41,9 @@ class OpenAIEngine:
     ``seed``: a server that honours it (vLLM, SGLang, TGI) samples a run's replies again alike. Unused: ``backoff_s``
     (the SDK backs off 0.5 s doubling to 8 s) and ``device`` (the common engine call)."""
 
+    decodes_constraints = False  # a served model is asked for free text: SamplingParams.constraint is not sent
+
+
     trainable = False  # no weights here and no log-probs guaranteed: `train` refuses this engine
     needs_model = False  # rollout and eval load only the tokenizer
 
