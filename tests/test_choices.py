@@ -126,6 +126,54 @@ def test_a_served_engine_is_refused_with_constrained_actions():
         load(["rollout.constrain_actions=true", "rollout.engine=openai"])
 
 
+def allowed_counts(engine, constraint, ids):
+    """How many tokens ``constraint``'s grammar allowed before each of ``ids`` (replayed through llguidance)."""
+    import torch
+
+    from openmanus_rl_core.engines.constrained import RowMatchers
+
+    vocab = engine.model.get_output_embeddings().weight.shape[0]
+    rows = RowMatchers(engine.grammars, [constraint], vocab)
+    counts = []
+    for t in ids:
+        counts.append(int(torch.isfinite(rows.mask(torch.zeros(1, vocab))).sum()))
+        rows.advance([t], [0])
+    return counts
+
+
+def test_forced_tokens_are_those_the_grammar_allowed_alone_and_leave_only_the_actors_loss(model, tok):
+    from openmanus_rl_core.rollout import build_batch
+    from openmanus_rl_core.rollout.choices import choice_constraint
+    from openmanus_rl_core.run.worker_inputs import actor_batch
+
+    template = build("template", {"name": "react", "kwargs": {}})
+    engine = HFEngine(model, tok, seed=0, num_threads=1)
+    loop = AgentLoop(engine, tok, template, MenuEnv,
+                     RolloutConfig(max_turns=3, gen_wait_ms=5, max_new_tokens=20, constrain_actions=True))
+    episodes = loop.run([{"task_id": t, "seed": 0} for t in range(4)])
+    for e in episodes:
+        for tr in e.trajectory.turns:
+            s, end = tr.span
+            counts = allowed_counts(engine, choice_constraint(template, tr.info["offered"]), e.response_ids[s:end])
+            assert [k for k in e.forced if s <= k < end] == [s + i for i, c in enumerate(counts) if c == 1]
+            assert 1 <= sum(c > 1 for c in counts) < len(counts)  # the choice is sampled, the wrapper forced
+            assert all(e.logprobs[s + i] == 0.0 for i, c in enumerate(counts) if c == 1)
+    batch = build_batch(episodes, None, lambda total, turns, segments, n: [0.0] * (n - 1) + [total], 0)
+    batch["advantages"] = batch["token_level_scores"]
+    view = actor_batch(batch, "behaviour")
+    forced, mask = batch["forced"].bool(), batch["response_mask"].bool()
+    assert int(forced.sum()) == sum(len(e.forced) for e in episodes) and not (forced & ~mask).any()
+    assert (view["response_mask"].bool() == (mask & ~forced)).all()  # the loss: the sampled tokens only
+    assert int(view["response_mask"].sum()) == sum(c > 1 for e in episodes for tr in e.trajectory.turns for c in
+                                                   allowed_counts(engine, choice_constraint(template, tr.info["offered"]),
+                                                                  e.response_ids[tr.span[0]:tr.span[1]]))
+    free, _ = run(model, tok, MenuEnv, range(2), constrain=False)
+    plain = build_batch(free, None, lambda total, turns, segments, n: [0.0] * n, 0)
+    plain["advantages"] = plain["token_level_scores"]
+    assert all(not e.forced for e in free) and "forced" not in plain
+    assert actor_batch(plain, "behaviour")["response_mask"] is plain["response_mask"]
+
+
 @pytest.mark.vllm
 def test_vllm_holds_each_row_to_its_own_episodes_choices(tmp_path, tok):
     """Opt-in (``make test-vllm``): the same rollout on the vllm engine, whose rows carry their grammars to vLLM."""

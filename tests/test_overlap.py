@@ -106,8 +106,7 @@ def test_chunks_then_the_whole_batch_as_the_trainer_adds_them_make_one_update(mo
         actor=_OneRank(worker), allocator=None, pad_token_id=worker.tokenizer.pad_token_id,
         cfg=SimpleNamespace(rollout=SimpleNamespace(keep_env_errors=False)),
         composer=SimpleNamespace(compose_batch=lambda trajs: ([SimpleNamespace(total=0.0) for _ in trajs], {})),
-        phase_log_probs=lambda b, m: None, phase_advantages=lambda b, m: None,
-        actor_update_keys=lambda b: Trainer.actor_update_keys(SimpleNamespace(correction="behaviour"), b))
+        phase_log_probs=lambda b, m: None, phase_advantages=lambda b, m: None, correction="behaviour")
     overlap = OverlappedUpdate(trainer)
     for rows in handed:
         overlap.add([episodes[i] for i in rows])

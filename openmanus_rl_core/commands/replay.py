@@ -136,18 +136,17 @@ def _update(run: Any, actor: Any, critic: Any, batch: Any, step: int) -> dict[st
     """One step's critic and actor updates on ``batch``, as the trainer's phases make them."""
     from openmanus_rl_core.algorithms.correction import correction_mode
     from openmanus_rl_core.distributed.sharding import shard_batch
-    from openmanus_rl_core.run.trainer import LEAN_KEYS, _avg
+    from openmanus_rl_core.run.trainer import _avg
+    from openmanus_rl_core.run.worker_inputs import actor_batch, critic_batch
 
     metrics: dict[str, float] = {}
     if critic is not None:
-        shards, _ = shard_batch(batch, critic.size)
-        keys = [*LEAN_KEYS, "values", "returns"]
-        metrics.update(_avg(critic.call_each("update", [(s.select(keys), step) for s in shards])))
+        shards, _ = shard_batch(critic_batch(batch), critic.size)
+        metrics.update(_avg(critic.call_each("update", [(s, step) for s in shards])))
     if step > run.critic.warmup_steps:
-        keys = [*LEAN_KEYS, "advantages", *(k for k in ("old_log_probs", "ref_log_probs") if k in batch),
-                *(["rollout_log_probs"] if correction_mode(run.algorithm, run.rollout, run.agent) == "tis" else [])]
-        shards, _ = shard_batch(batch, actor.size)
-        metrics.update(_avg(actor.call_each("update", [(s.select(keys), step) for s in shards])))
+        view = actor_batch(batch, correction_mode(run.algorithm, run.rollout, run.agent))
+        shards, _ = shard_batch(view, actor.size)
+        metrics.update(_avg(actor.call_each("update", [(s, step) for s in shards])))
     return metrics
 
 

@@ -28,6 +28,9 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
     - ``step_ids`` [B, R] long: the turn index on each turn's reply tokens, -1 elsewhere;
     - ``versions`` [B, R] long: the policy version that generated each response token (``Episode.versions``), -1
       elsewhere.
+    - ``forced`` [B, R] float, only when some episode has forced tokens (``Episode.forced``: a constrained reply's
+      tokens the grammar allowed alone): 1 on them. They stay in ``response_mask`` (the reward allocated to a
+      reply's last token is summed over it) and leave the actor's loss (:func:`~openmanus_rl_core.run.trainer.actor_batch`).
 
     non_tensors (per row, the episode's values): ``group_ids``, ``uid`` (unique per sample), ``anchor_obs`` (the
     observation each turn acted on), ``step_rewards`` (``breakdown.turn_rewards``), ``success``, ``termination``,
@@ -66,6 +69,7 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
     step_ids = torch.full((N, R), -1, dtype=torch.long)
     versions = torch.full((N, R), -1, dtype=torch.long)
     valid = torch.ones(N, dtype=torch.bool)
+    forced = torch.zeros((N, R), dtype=torch.float32) if any(ep.forced for ep in episodes) else None
     totals, parts, step_rewards, allocs = [], [], [], []
     for ep, bd in zip(episodes, breakdowns if breakdowns is not None else [None] * B):
         traj = ep.trajectory
@@ -98,6 +102,10 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
             tagged = ep.versions[s:e]  # an episode that records no versions keeps -1
             versions[j, :len(tagged)] = torch.as_tensor(tagged, dtype=torch.long)
             scores[j, :r] = torch.as_tensor(allocs[i][s:e], dtype=torch.float32)
+            if forced is not None:
+                for k in ep.forced:
+                    if s <= k < e:
+                        forced[j, k - s] = 1.0
     attention_mask = torch.cat([prompt_attn, resp_attn], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     tensors = {
@@ -113,6 +121,8 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
         "versions": versions,
         "valid": valid,
     }
+    if forced is not None:
+        tensors["forced"] = forced
     of = [i for i, _, _, _ in rows]
     non_tensors = {
         "group_ids": [episodes[i].group_id for i in of],

@@ -10,6 +10,10 @@ only one text remains, its tokens are forced (log-probability 0).
 
 What this changes in training: every reply is a legal action, so no episode is spent on an invalid one and the
 policy's choice is among the legal actions only, as OpenSpiel's bots and the exploitability adapter see it. The
+tokens the grammar allowed alone (the wrapper, the rest of a choice once its first tokens tell it apart) are no
+decision: the episode lists them (``Episode.forced``) and the actor's update leaves them out of the policy loss,
+the entropy bonus and the KL (``run/worker_inputs.actor_batch``), so those average over the sampled tokens alone
+(``rollout/forced_tokens`` is their share). The
 recorded log-probabilities are the masked distribution's, and the actor's are the unmasked ones
 (``engines/hf.py``): where the PPO ratio's old log-probs are the actor's own (the default), nothing differs; where
 they are the rollout's (``algorithm.recompute_old_log_probs=rollout``, or ``rollout_correction=behaviour`` in the

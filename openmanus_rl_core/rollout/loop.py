@@ -350,6 +350,8 @@ class AgentLoop:
         ep.response_mask.extend([1] * len(ids))
         ep.logprobs.extend(lps)
         ep.versions.extend([self.version] * len(ids))
+        if lv.constraint is not None:  # the engine records a token the grammar allowed alone with log-prob 0
+            ep.forced.extend(start + i for i, lp in enumerate(lps) if lp == 0.0)
         ep.anchor_obs.append(lv.obs)
         traj.info["finish_reasons"].append("length" if cut else gen.finish_reason)
         parsed, perr = self._parse(text)

@@ -12,7 +12,8 @@ from openmanus_rl_core.rollout.episode import Episode
 def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None) -> dict[str, float]:
     """Scalars over a rollout: ``rollout/success_rate``, ``rollout/turns/mean``, ``rollout/termination/<reason>``
     (counts), ``rollout/response_length/{mean,max}``, ``rollout/agent_tokens/mean``, ``rollout/truncated``
-    (fraction), ``rollout/env_reward/mean`` and throughput (``rollout/episodes_per_s``, ``rollout/turns_per_s``,
+    (fraction), ``rollout/env_reward/mean``, ``rollout/forced_tokens`` (the share of generated tokens a constraint
+    forced, when some were: ``rollout.constrain_actions``) and throughput (``rollout/episodes_per_s``, ``rollout/turns_per_s``,
     ``rollout/tokens_per_s`` over generated tokens) when the elapsed time is known (``elapsed_s`` or the
     ``rollout_time_s`` the loop stores in each trajectory's info). With a model-written memory summary
     (rollout/summaries.py): ``rollout/summary_tokens/{mean,max}`` over the summaries written,
@@ -38,6 +39,9 @@ def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None)
         "rollout/truncated": sum(e.truncated for e in episodes) / n,
         "rollout/env_reward/mean": sum(t.env_reward for t in trajs) / n,
     }
+    forced = sum(len(e.forced) for e in episodes)
+    if forced:  # rollout.constrain_actions: the share of generated tokens the grammar allowed alone
+        out["rollout/forced_tokens"] = forced / max(agent_tokens, 1)
     counts = Counter(t.termination for t in trajs)
     for reason in TERMINATIONS:
         out[f"rollout/termination/{reason}"] = float(counts.get(reason, 0))

@@ -13,7 +13,8 @@ turn of it with a per-turn memory). Columns:
   ``position_ids``, ``responses``, ``response_mask``, ``rollout_log_probs`` (the behaviour policy's, from the
   engine), ``old_log_probs`` and ``ref_log_probs`` (where the step had them), ``token_level_scores``,
   ``token_level_rewards``, ``advantages``, ``returns``, ``values`` (with a critic), ``versions`` (the policy version
-  that generated each response token; -1 on observation tokens);
+  that generated each response token; -1 on observation tokens), ``forced`` (1 on tokens a constraint forced,
+  left out of the actor's loss; only when the step had some);
 - how it went: ``reward``, ``reward_parts`` (JSON, per component), ``termination``, ``env_error``, ``invalid`` (the
   sample's replies the template could not read), ``success``, ``valid`` (False: an env error left out of the loss).
 
@@ -49,7 +50,7 @@ TENSORS = {"input_ids": "int64", "attention_mask": "int64", "position_ids": "int
            "response_mask": "float32", "rollout_log_probs": "float32", "old_log_probs": "float32",
            "ref_log_probs": "float32", "token_level_scores": "float32", "token_level_rewards": "float32",
            "advantages": "float32", "returns": "float32", "values": "float32", "versions": "int64",
-           "step_ids": "int64", "valid": "bool"}
+           "step_ids": "int64", "valid": "bool", "forced": "float32"}
 
 
 class DumpError(ValueError):

@@ -43,6 +43,7 @@ class OverlappedUpdate:
         """Complete groups (whole groups only) into the gradients; episodes already added are skipped."""
         from openmanus_rl_core.distributed.sharding import shard_batch
         from openmanus_rl_core.rollout import build_batch
+        from openmanus_rl_core.run.worker_inputs import actor_batch
 
         new = [e for e in episodes if id(e) not in self.composed]
         if not new:
@@ -55,9 +56,8 @@ class OverlappedUpdate:
         scratch: dict[str, float] = {}  # the step's metrics come from the whole batch (Trainer.phase_advantages)
         tr.phase_log_probs(batch, scratch)
         tr.phase_advantages(batch, scratch)
-        shards, _ = shard_batch(batch, tr.actor.size)
-        keys = tr.actor_update_keys(batch)
-        self.tokens += sum(tr.actor.call_each("accumulate", [(s.select(keys),) for s in shards]))
+        shards, _ = shard_batch(actor_batch(batch, tr.correction), tr.actor.size)
+        self.tokens += sum(tr.actor.call_each("accumulate", [(s,) for s in shards]))
         self.seconds += time.perf_counter() - t0
         self.chunks += 1
 

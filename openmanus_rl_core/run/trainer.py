@@ -47,10 +47,9 @@ from openmanus_rl_core.run.setup import quiet_transformers, setup
 from openmanus_rl_core.run.state import restart_workers, restore, save
 from openmanus_rl_core.run.validation import validate
 from openmanus_rl_core.run.warmup import step_zero
+from openmanus_rl_core.run.worker_inputs import LEAN_KEYS, actor_batch, critic_batch
 
 __all__ = ["Trainer", "mean"]
-# The tensors a forward pass reads (log-probs, values): shipped to the workers without the rest of the batch.
-LEAN_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
 
 
 # ------------------------------------------------------------------------------------------------- Trainer
@@ -294,10 +293,9 @@ class Trainer:
 
         if self.critic is None:
             return
-        shards, _ = shard_batch(batch, self.critic.size)
-        keys = [*LEAN_KEYS, "values", "returns"]
+        shards, _ = shard_batch(critic_batch(batch), self.critic.size)
         with self.timer("update_critic"):
-            metrics.update(_avg(self.critic.call_each("update", [(s.select(keys), step) for s in shards])))
+            metrics.update(_avg(self.critic.call_each("update", [(s, step) for s in shards])))
 
     def phase_update_actor(self, batch, step: int, metrics: dict[str, float]) -> None:
         """The policy update on ``advantages`` (and old / reference log-probs where the step has them)."""
@@ -307,16 +305,10 @@ class Trainer:
             if self.overlap is not None:  # the gradients are in: only the step is left
                 ams = self.overlap.step()
             else:
-                shards, _ = shard_batch(batch, self.actor.size)
-                keys = self.actor_update_keys(batch)
-                ams = self.actor.call_each("update", [(s.select(keys), step) for s in shards])
+                shards, _ = shard_batch(actor_batch(batch, self.correction), self.actor.size)
+                ams = self.actor.call_each("update", [(s, step) for s in shards])
         metrics.update(_avg(ams))
         self.skipped_steps += int(max(a.get("actor/skipped_updates", 0.0) for a in ams))
-
-    def actor_update_keys(self, batch) -> list[str]:
-        """The tensors the actor's update reads."""
-        return [*LEAN_KEYS, "advantages", *(k for k in ("old_log_probs", "ref_log_probs") if k in batch),
-                *(["rollout_log_probs"] if self.correction == "tis" else [])]
 
     def phase_sync_weights(self) -> None:
         """The updated weights into every actor rank's rollout engine."""
