@@ -195,6 +195,10 @@ def test_vllm_holds_each_row_to_its_own_episodes_choices(tmp_path, tok):
     assert all(e.trajectory.termination == "done" and len(e.trajectory.turns) == 3 for e in episodes)
     held_to_the_offer(episodes, template)
     assert len({e.trajectory.turns[0].action.content for e in episodes}) > 2
+    for e in episodes:  # vLLM's processed log-probs are the masked ones: the wrapper reads 0 (forced), a choice not
+        for tr in e.trajectory.turns:
+            forced = [k for k in e.forced if tr.span[0] <= k < tr.span[1]]
+            assert 0 < len(forced) < tr.span[1] - tr.span[0]
 
 
 def test_a_mix_offers_the_legal_actions_of_the_source_playing_the_task():
