@@ -5,6 +5,7 @@ freely; an env whose ``action_choices`` fails or answers nonsense ends only its 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from openmanus_rl_core.config import ConfigError
 from openmanus_rl_core.config.loading import load
@@ -126,52 +127,79 @@ def test_a_served_engine_is_refused_with_constrained_actions():
         load(["rollout.constrain_actions=true", "rollout.engine=openai"])
 
 
-def allowed_counts(engine, constraint, ids):
-    """How many tokens ``constraint``'s grammar allowed before each of ``ids`` (replayed through llguidance)."""
-    import torch
-
+def allowed_sets(engine, constraint, ids):
+    """The tokens ``constraint``'s grammar allowed before each of ``ids``, read from the hf engine's own masks."""
     from openmanus_rl_core.engines.constrained import RowMatchers
 
     vocab = engine.model.get_output_embeddings().weight.shape[0]
     rows = RowMatchers(engine.grammars, [constraint], vocab)
-    counts = []
+    sets = []
     for t in ids:
-        counts.append(int(torch.isfinite(rows.mask(torch.zeros(1, vocab))).sum()))
+        sets.append(torch.isfinite(rows.mask(torch.zeros(1, vocab)))[0].nonzero().flatten().tolist())
         rows.advance([t], [0])
-    return counts
+    return sets
 
 
-def test_forced_tokens_are_those_the_grammar_allowed_alone_and_leave_only_the_actors_loss(model, tok):
-    from openmanus_rl_core.rollout import build_batch
-    from openmanus_rl_core.rollout.choices import choice_constraint
-    from openmanus_rl_core.run.worker_inputs import actor_batch
-
+def constrained_rollout(model, tok, tasks=range(4)):
     template = build("template", {"name": "react", "kwargs": {}})
     engine = HFEngine(model, tok, seed=0, num_threads=1)
     loop = AgentLoop(engine, tok, template, MenuEnv,
                      RolloutConfig(max_turns=3, gen_wait_ms=5, max_new_tokens=20, constrain_actions=True))
-    episodes = loop.run([{"task_id": t, "seed": 0} for t in range(4)])
+    return loop.run([{"task_id": t, "seed": 0} for t in tasks]), template, engine
+
+
+def test_each_reply_records_what_the_grammar_allowed_and_forced_tokens_leave_only_the_actors_loss(model, tok):
+    from openmanus_rl_core.rollout import build_batch
+    from openmanus_rl_core.rollout.choices import choice_constraint
+    from openmanus_rl_core.run.worker_inputs import actor_batch
+
+    episodes, template, engine = constrained_rollout(model, tok)
+    sampled = 0
     for e in episodes:
         for tr in e.trajectory.turns:
             s, end = tr.span
-            counts = allowed_counts(engine, choice_constraint(template, tr.info["offered"]), e.response_ids[s:end])
-            assert [k for k in e.forced if s <= k < end] == [s + i for i, c in enumerate(counts) if c == 1]
-            assert 1 <= sum(c > 1 for c in counts) < len(counts)  # the choice is sampled, the wrapper forced
-            assert all(e.logprobs[s + i] == 0.0 for i, c in enumerate(counts) if c == 1)
+            sets = allowed_sets(engine, choice_constraint(template, tr.info["offered"]), e.response_ids[s:end])
+            assert [e.choices[s + i] for i in range(end - s)] == sets
+            assert [k for k in e.forced if s <= k < end] == [s + i for i, a in enumerate(sets) if len(a) == 1]
+            assert 1 <= sum(len(a) > 1 for a in sets) < len(sets)  # the choice is sampled, the wrapper forced
+            assert all(e.logprobs[s + i] == 0.0 for i, a in enumerate(sets) if len(a) == 1)
+            sampled += sum(len(a) > 1 for a in sets)
     batch = build_batch(episodes, None, lambda total, turns, segments, n: [0.0] * (n - 1) + [total], 0)
     batch["advantages"] = batch["token_level_scores"]
     view = actor_batch(batch, "behaviour")
     forced, mask = batch["forced"].bool(), batch["response_mask"].bool()
     assert int(forced.sum()) == sum(len(e.forced) for e in episodes) and not (forced & ~mask).any()
     assert (view["response_mask"].bool() == (mask & ~forced)).all()  # the loss: the sampled tokens only
-    assert int(view["response_mask"].sum()) == sum(c > 1 for e in episodes for tr in e.trajectory.turns for c in
-                                                   allowed_counts(engine, choice_constraint(template, tr.info["offered"]),
-                                                                  e.response_ids[tr.span[0]:tr.span[1]]))
+    assert int(view["response_mask"].sum()) == sampled and torch.equal(view["choice_ids"], batch["choice_ids"])
     free, _ = run(model, tok, MenuEnv, range(2), constrain=False)
     plain = build_batch(free, None, lambda total, turns, segments, n: [0.0] * n, 0)
     plain["advantages"] = plain["token_level_scores"]
-    assert all(not e.forced for e in free) and "forced" not in plain
+    assert all(not e.forced and not e.choices for e in free) and "forced" not in plain and "choice_ids" not in plain
     assert actor_batch(plain, "behaviour")["response_mask"] is plain["response_mask"]
+
+
+def test_the_actor_reads_the_policy_the_engine_sampled_from_the_model_over_the_allowed_tokens(model, tok):
+    """The actor's log-probs of a constrained reply are the engine's (the masked, renormalised distribution), forced
+    tokens 0; the entropy there is over the allowed tokens. Without ``choice_ids`` they are the full vocabulary's."""
+    import math
+
+    from openmanus_rl_core.rollout import build_batch
+    from openmanus_rl_core.workers.logprobs import sequence_logprobs
+
+    episodes, _, _ = constrained_rollout(model, tok)
+    batch = build_batch(episodes, None, lambda total, turns, segments, n: [0.0] * n, 0)
+    mask, forced = batch["response_mask"].bool(), batch["forced"].bool()
+    with torch.no_grad():
+        logp, ent = sequence_logprobs(model, batch, with_entropy=True)
+        full, full_ent = sequence_logprobs(model, batch.select([k for k in batch.tensors if k != "choice_ids"]),
+                                           with_entropy=True)
+    assert float((logp - batch["rollout_log_probs"])[mask].abs().max()) < 1e-5
+    assert (logp[forced] == 0).all() and (ent[forced].abs() < 1e-6).all()
+    chose = mask & ~forced
+    sizes = (batch["choice_ids"] >= 0).sum(-1)
+    assert (ent[chose] <= sizes[chose].float().log() + 1e-5).all()
+    assert (full[chose] < logp[chose] - 1e-3).all() and (full_ent[chose] > ent[chose]).all()
+    assert math.isclose(float(ent[~mask].abs().sum()), float(full_ent[~mask].abs().sum()), abs_tol=1e-4)
 
 
 @pytest.mark.vllm

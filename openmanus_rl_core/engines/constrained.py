@@ -55,7 +55,7 @@ from openmanus_rl_core.protocols import Constraint
 
 __all__ = ["JSON_FORMAT", "ToolCallFormat", "HERMES", "json_schema_constraint", "json_object_constraint",
            "tool_call_constraint", "any_of", "one_of", "to_lark", "grammar_error", "Grammars", "RowMatchers",
-           "per_row", "pass_width"]
+           "per_row", "pass_width", "allowed_tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -378,6 +378,19 @@ class RowMatchers:
                                        f"{m.get_error()}")
         self._compute()
         return forced
+
+
+def allowed_tokens(grammars: Grammars, constraint: Constraint, token_ids: Sequence[int], vocab: int) -> list[list[int]]:
+    """The tokens ``constraint``'s grammar allowed before each of ``token_ids``, a reply decoded under it: the
+    engine's masks, replayed through llguidance (any engine's reply; a forced token's list is that token alone).
+    ``vocab``: the width of the masks (at least the tokenizer's)."""
+    rows = RowMatchers(grammars, [constraint], vocab)
+    out = []
+    for t in token_ids:
+        _, forbid = rows._forbidden()
+        out.append(torch.nonzero(~forbid[0]).flatten().tolist())
+        rows.advance([int(t)], [0])
+    return out
 
 
 def pass_width(forced: Sequence[int]) -> int:

@@ -28,9 +28,11 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
     - ``step_ids`` [B, R] long: the turn index on each turn's reply tokens, -1 elsewhere;
     - ``versions`` [B, R] long: the policy version that generated each response token (``Episode.versions``), -1
       elsewhere.
-    - ``forced`` [B, R] float, only when some episode has forced tokens (``Episode.forced``: a constrained reply's
-      tokens the grammar allowed alone): 1 on them. They stay in ``response_mask`` (the reward allocated to a
-      reply's last token is summed over it) and leave the actor's loss (:func:`~openmanus_rl_core.run.trainer.actor_batch`).
+    - ``choice_ids`` [B, R, K] long and ``forced`` [B, R] float, only when some reply was decoded under a
+      constraint (``Episode.choices``): the tokens the grammar allowed at each of its positions (-1 padding; all -1
+      elsewhere), over which the actor renormalises the model's distribution there (``workers/logprobs.py``), and 1
+      where it allowed one token only. Forced tokens stay in ``response_mask`` (the reward allocated to a reply's
+      last token is summed over it) and leave the actor's loss (:func:`~openmanus_rl_core.run.worker_inputs.actor_batch`).
 
     non_tensors (per row, the episode's values): ``group_ids``, ``uid`` (unique per sample), ``anchor_obs`` (the
     observation each turn acted on), ``step_rewards`` (``breakdown.turn_rewards``), ``success``, ``termination``,
@@ -69,7 +71,9 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
     step_ids = torch.full((N, R), -1, dtype=torch.long)
     versions = torch.full((N, R), -1, dtype=torch.long)
     valid = torch.ones(N, dtype=torch.bool)
-    forced = torch.zeros((N, R), dtype=torch.float32) if any(ep.forced for ep in episodes) else None
+    K = max((len(a) for ep in episodes for a in ep.choices.values()), default=0)
+    choice_ids = torch.full((N, R, K), -1, dtype=torch.long) if K else None
+    forced = torch.zeros((N, R), dtype=torch.float32) if K else None
     totals, parts, step_rewards, allocs = [], [], [], []
     for ep, bd in zip(episodes, breakdowns if breakdowns is not None else [None] * B):
         traj = ep.trajectory
@@ -102,10 +106,11 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
             tagged = ep.versions[s:e]  # an episode that records no versions keeps -1
             versions[j, :len(tagged)] = torch.as_tensor(tagged, dtype=torch.long)
             scores[j, :r] = torch.as_tensor(allocs[i][s:e], dtype=torch.float32)
-            if forced is not None:
-                for k in ep.forced:
+            if choice_ids is not None:
+                for k, allowed in ep.choices.items():
                     if s <= k < e:
-                        forced[j, k - s] = 1.0
+                        choice_ids[j, k - s, :len(allowed)] = torch.as_tensor(allowed, dtype=torch.long)
+                        forced[j, k - s] = float(len(allowed) == 1)
     attention_mask = torch.cat([prompt_attn, resp_attn], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     tensors = {
@@ -121,8 +126,8 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
         "versions": versions,
         "valid": valid,
     }
-    if forced is not None:
-        tensors["forced"] = forced
+    if choice_ids is not None:
+        tensors["choice_ids"], tensors["forced"] = choice_ids, forced
     of = [i for i, _, _, _ in rows]
     non_tensors = {
         "group_ids": [episodes[i].group_id for i in of],

@@ -10,14 +10,19 @@ only one text remains, its tokens are forced (log-probability 0).
 
 What this changes in training: every reply is a legal action, so no episode is spent on an invalid one and the
 policy's choice is among the legal actions only, as OpenSpiel's bots and the exploitability adapter see it. The
-tokens the grammar allowed alone (the wrapper, the rest of a choice once its first tokens tell it apart) are no
-decision: the episode lists them (``Episode.forced``) and the actor's update leaves them out of the policy loss,
-the entropy bonus and the KL (``run/worker_inputs.actor_batch``), so those average over the sampled tokens alone
-(``rollout/forced_tokens`` is their share). The
-recorded log-probabilities are the masked distribution's, and the actor's are the unmasked ones
-(``engines/hf.py``): where the PPO ratio's old log-probs are the actor's own (the default), nothing differs; where
-they are the rollout's (``algorithm.recompute_old_log_probs=rollout``, or ``rollout_correction=behaviour`` in the
-group stream), a constrained token's ratio also carries the allowed tokens' mass. A reply carries no thought: a
+policy that acts is the model's distribution renormalised over the tokens the grammar allows at each position, and
+that is the policy trained (action masking):
+
+- after each reply the rollout replays its grammar (:func:`allowed_at`) and records, per token, the tokens it
+  allowed (``Episode.choices``; the batch's ``choice_ids``). The actor's log-probs, entropy and KL there are those
+  of the distribution over them (``workers/logprobs.py``), so the old log-probs equal the engine's
+  (``actor/rollout_logprob_diff`` near 0), the gradient moves mass among the legal choices only, and the entropy
+  bonus counts the choices, not the whole vocabulary;
+- the tokens the grammar allowed alone (the wrapper, the rest of a choice once its first tokens tell it apart)
+  are no decision (log-probability 0): the episode lists them (``Episode.forced``) and the update leaves them out
+  of its token means (``run/worker_inputs.actor_batch``); ``rollout/forced_tokens`` is their share.
+
+A reply carries no thought: a
 template's ``render(choice)`` without one is the whole reply.
 """
 
@@ -28,7 +33,7 @@ from typing import Any
 
 from openmanus_rl_core.protocols import Constraint
 
-__all__ = ["env_choices", "choice_constraint"]
+__all__ = ["env_choices", "choice_constraint", "allowed_at"]
 
 
 def env_choices(env: Any) -> list[str] | None:
@@ -54,3 +59,13 @@ def choice_constraint(template: Any, choices: Sequence[str] | None) -> Constrain
     from openmanus_rl_core.engines.constrained import one_of  # imports torch: not on the config's path (rollout/)
 
     return one_of([template.render(c) for c in choices], name="action_choices")
+
+
+def allowed_at(loop: Any, constraint: Any, ids: Sequence[int]) -> list[list[int]]:
+    """The tokens ``constraint`` allowed before each of a reply's ``ids``, replayed through the grammar on the
+    loop's tokenizer with its engine's EOS tokens (the same masks whichever engine decoded the reply)."""
+    from openmanus_rl_core.engines.constrained import Grammars, allowed_tokens
+
+    if loop.grammars is None:
+        loop.grammars = Grammars(loop.tokenizer, loop.engine.eos_token_ids)
+    return allowed_tokens(loop.grammars, constraint, ids, len(loop.tokenizer))

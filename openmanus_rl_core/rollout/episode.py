@@ -28,9 +28,10 @@ class Episode:
     ``versions`` is aligned with ``response_ids``: the policy version (optimizer steps completed) whose weights
     generated each mask-1 token, -1 on mask-0 tokens. A partial rollout that spans a weight update holds several.
 
-    ``forced``: the positions in ``response_ids`` of generated tokens the policy did not choose: in a reply decoded
-    under a constraint (``rollout.constrain_actions``), the tokens the grammar allowed alone (log-probability 0).
-    The actor's loss leaves them out (:func:`~openmanus_rl_core.rollout.assembly.build_batch`, ``forced``).
+    ``choices``: for each token of a reply decoded under a constraint (``rollout.constrain_actions``), keyed by its
+    position in ``response_ids``, the tokens the grammar allowed there: the policy at that position is the model's
+    distribution over them. ``forced``: the positions where it allowed one token only, no decision of the policy;
+    the actor's loss leaves them out (:func:`~openmanus_rl_core.rollout.assembly.build_batch`).
     """
 
     trajectory: Trajectory
@@ -44,6 +45,7 @@ class Episode:
     contexts: list[list[int]] = field(default_factory=list)
     context_turns: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    choices: dict[int, list[int]] = field(default_factory=dict)
     forced: list[int] = field(default_factory=list)
 
     @property

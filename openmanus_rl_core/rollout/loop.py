@@ -58,7 +58,7 @@ from openmanus_rl_core.protocols import (
     Turn,
 )
 from openmanus_rl_core.rollout.chat import ChatDelta, prompt_tools
-from openmanus_rl_core.rollout.choices import choice_constraint, env_choices
+from openmanus_rl_core.rollout.choices import allowed_at, choice_constraint, env_choices
 from openmanus_rl_core.rollout.env_pool import CallStatus, EnvCallPool, describe_error
 from openmanus_rl_core.rollout.episode import Episode, LiveEpisode
 from openmanus_rl_core.rollout.episodes import EpisodeRunner
@@ -102,6 +102,7 @@ class AgentLoop:
         self.version = 0
         # Checked between turns and while env calls run: once true, run() gives up (stopping.Abandoned).
         self.abandon: Callable[[], bool] | None = None
+        self.grammars: Any = None  # rollout.constrain_actions: replays each reply's grammar (rollout/choices.py)
 
     def check_abandon(self) -> None:
         if self.abandon is not None and self.abandon():
@@ -350,8 +351,11 @@ class AgentLoop:
         ep.response_mask.extend([1] * len(ids))
         ep.logprobs.extend(lps)
         ep.versions.extend([self.version] * len(ids))
-        if lv.constraint is not None:  # the engine records a token the grammar allowed alone with log-prob 0
-            ep.forced.extend(start + i for i, lp in enumerate(lps) if lp == 0.0)
+        if lv.constraint is not None:
+            for i, allowed in enumerate(allowed_at(self, lv.constraint, ids)):
+                ep.choices[start + i] = allowed
+                if len(allowed) == 1:
+                    ep.forced.append(start + i)
         ep.anchor_obs.append(lv.obs)
         traj.info["finish_reasons"].append("length" if cut else gen.finish_reason)
         parsed, perr = self._parse(text)

@@ -13,8 +13,9 @@ turn of it with a per-turn memory). Columns:
   ``position_ids``, ``responses``, ``response_mask``, ``rollout_log_probs`` (the behaviour policy's, from the
   engine), ``old_log_probs`` and ``ref_log_probs`` (where the step had them), ``token_level_scores``,
   ``token_level_rewards``, ``advantages``, ``returns``, ``values`` (with a critic), ``versions`` (the policy version
-  that generated each response token; -1 on observation tokens), ``forced`` (1 on tokens a constraint forced,
-  left out of the actor's loss; only when the step had some);
+  that generated each response token; -1 on observation tokens), ``choice_ids`` and ``forced`` (where a
+  constraint decoded the replies: the tokens it allowed at each position, ``[B, R, K]`` stored as a row of R * K
+  values, and 1 where it allowed one);
 - how it went: ``reward``, ``reward_parts`` (JSON, per component), ``termination``, ``env_error``, ``invalid`` (the
   sample's replies the template could not read), ``success``, ``valid`` (False: an env error left out of the loss).
 
@@ -50,7 +51,7 @@ TENSORS = {"input_ids": "int64", "attention_mask": "int64", "position_ids": "int
            "response_mask": "float32", "rollout_log_probs": "float32", "old_log_probs": "float32",
            "ref_log_probs": "float32", "token_level_scores": "float32", "token_level_rewards": "float32",
            "advantages": "float32", "returns": "float32", "values": "float32", "versions": "int64",
-           "step_ids": "int64", "valid": "bool", "forced": "float32"}
+           "step_ids": "int64", "valid": "bool", "forced": "float32", "choice_ids": "int64"}
 
 
 class DumpError(ValueError):
@@ -123,15 +124,18 @@ def write_dump(folder: str | os.PathLike, step: int, batch: Any, fingerprint: st
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    arrays, widths = {}, {}
+    arrays, widths, shapes = {}, {}, {}
     for name, values in _columns(batch, step).items():
         if isinstance(values, np.ndarray):
-            widths[name] = int(values.shape[1]) if values.ndim == 2 else 0
+            widths[name] = int(np.prod(values.shape[1:])) if values.ndim >= 2 else 0
+            if values.ndim > 2:  # choice_ids [B, R, K]: a row's R * K values, its shape in the metadata
+                shapes[name] = list(values.shape[1:])
             flat = pa.array(values.reshape(-1))
-            arrays[name] = pa.FixedSizeListArray.from_arrays(flat, widths[name]) if values.ndim == 2 else flat
+            arrays[name] = pa.FixedSizeListArray.from_arrays(flat, widths[name]) if values.ndim >= 2 else flat
         else:
             arrays[name] = pa.array(values)
-    meta = {"format": FORMAT, "step": int(step), "model": fingerprint, "rows": len(batch), "widths": widths}
+    meta = {"format": FORMAT, "step": int(step), "model": fingerprint, "rows": len(batch), "widths": widths,
+            "shapes": shapes}
     table = pa.table(arrays).replace_schema_metadata({"openmanus_rl": json.dumps(meta)})
     path = dump_path(folder, step)
     write_atomic(path, lambda f: pq.write_table(table, f), durable=True)
@@ -165,8 +169,8 @@ def read_dump(path: str | os.PathLike, fingerprint: str | None = None) -> Any:
     for name, width in meta["widths"].items():
         column = table.column(name).combine_chunks()
         values = (column.flatten() if width else column).to_numpy(zero_copy_only=False)
-        tensors[name] = torch.from_numpy(np.ascontiguousarray(values.reshape(table.num_rows, -1) if width
-                                                              else values).astype(TENSORS[name]))
+        shape = (table.num_rows, *meta.get("shapes", {}).get(name, [-1])) if width else values.shape
+        tensors[name] = torch.from_numpy(np.ascontiguousarray(values.reshape(shape)).astype(TENSORS[name]))
     keep = ("task_id", "task_row", "seed", "data_source", "source", "group_id", "episode_id", "uid", "reward",
             "termination", "success")
     non_tensors = {name: table.column(name).to_pylist() for name in keep if name in table.column_names}

@@ -47,7 +47,7 @@ from openmanus_rl_core.run.setup import quiet_transformers, setup
 from openmanus_rl_core.run.state import restart_workers, restore, save
 from openmanus_rl_core.run.validation import validate
 from openmanus_rl_core.run.warmup import step_zero
-from openmanus_rl_core.run.worker_inputs import LEAN_KEYS, actor_batch, critic_batch
+from openmanus_rl_core.run.worker_inputs import actor_batch, critic_batch, lean_batch
 
 __all__ = ["Trainer", "mean"]
 
@@ -321,7 +321,7 @@ class Trainer:
         from openmanus_rl_core.distributed.sharding import shard_batch
 
         shards, pad = shard_batch(batch, self.actor.size)
-        return [s.select(LEAN_KEYS) for s in shards], pad
+        return [lean_batch(s) for s in shards], pad
 
     # ------------------------------------------------------------------------------------------------ fit
     def fit(self) -> dict[str, float]:

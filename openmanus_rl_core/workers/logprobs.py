@@ -18,7 +18,8 @@ def sequence_logprobs(
     """Log-probabilities of the response tokens under ``model`` (see the module docstring for the layout).
 
     Returns ``logp [B, R]`` and, when ``with_entropy``, the entropy of ``softmax(logits / T)`` per response
-    position ``[B, R]`` (else None). Only the last ``R + 1`` positions' logits are materialised. The columns that
+    position ``[B, R]`` (else None); where the batch's ``choice_ids`` name the tokens a constraint allowed, both are
+    those of the distribution over them alone (:func:`_over_choices`). Only the last ``R + 1`` positions' logits are materialised. The columns that
     are padding in every row are cut before the forward pass (:func:`~.microbatch.trim_columns`); both results
     are 0 on every padding position.
 
@@ -56,11 +57,15 @@ def _logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_ent
         use_cache=False,
         logits_to_keep=R + 1,
     )
-    return _response_logprobs(out.logits[:, -R - 1:-1, :], responses, temperature, with_entropy)
+    return _response_logprobs(out.logits[:, -R - 1:-1, :], responses, temperature, with_entropy,
+                              batch.get("choice_ids"))
 
 
-def _response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperature: float, with_entropy: bool):
-    """``(logp, entropy)`` of ``responses`` [B, R] from the logits that predict them [B, R, V]."""
+def _response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperature: float, with_entropy: bool,
+                       choices: torch.Tensor | None = None):
+    """``(logp, entropy)`` of ``responses`` [B, R] from the logits that predict them [B, R, V]; at the positions
+    ``choices`` names (a batch's ``choice_ids``), those of the distribution over the allowed tokens only
+    (:func:`_over_choices`)."""
     from openmanus_rl_core.algorithms import entropy_from_logits
 
     logits = logits.float()
@@ -68,6 +73,27 @@ def _response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperatur
         logits = logits / float(temperature)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     entropy = entropy_from_logits(logits) if with_entropy else None
+    if choices is not None:
+        logp, entropy = _over_choices(logits, responses, choices, logp, entropy)
+    return logp, entropy
+
+
+def _over_choices(logits: torch.Tensor, responses: torch.Tensor, choices: torch.Tensor, logp: torch.Tensor,
+                  entropy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The policy that decoded under a constraint: at a position where ``choices[b, t]`` lists the tokens the
+    grammar allowed (ids, then -1 padding; all -1 where the reply was free), the model's distribution renormalised
+    over them, as the engine sampled from it: ``logp = z[token] - logsumexp(z[allowed])`` and the entropy over the
+    allowed tokens. A forced token (one allowed) reads log-probability 0 and entropy 0. Elsewhere ``logp`` and
+    ``entropy`` are returned as given."""
+    on = choices[..., 0] >= 0
+    z = logits.gather(-1, choices.clamp_min(0)).masked_fill(choices < 0, float("-inf"))
+    z = torch.where(on.unsqueeze(-1), z, torch.zeros_like(z))  # a free position: any finite row, not read
+    token = logits.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    logp = torch.where(on, token - torch.logsumexp(z, dim=-1), logp)
+    if entropy is not None:
+        lsm = torch.log_softmax(z, dim=-1)
+        masked = -(lsm.exp() * lsm.masked_fill(~torch.isfinite(lsm), 0.0)).sum(-1)
+        entropy = torch.where(on, masked, entropy)
     return logp, entropy
 
 
@@ -96,7 +122,7 @@ def _shared_prompt_logprobs(model: torch.nn.Module, batch: Batch, temperature: f
     mask = torch.cat([shared.prefix_mask, shared.rest_mask, attn[:, -R:-1]], dim=1)
     tail = model(input_ids=ids[:, start:-1], attention_mask=mask, position_ids=pos[:, start:-1], use_cache=True,
                  logits_to_keep=R, **{kw: cache})
-    logp, entropy = _response_logprobs(tail.logits, responses, temperature, with_entropy)
+    logp, entropy = _response_logprobs(tail.logits, responses, temperature, with_entropy, batch.get("choice_ids"))
     # The first pass's last layer gives only keys and values to the second; its output joins the graph with weight
     # 0 so that FSDP2, which gathers a layer's weights for backward when its output's gradient arrives, gathers it.
     return logp + 0.0 * head.logits.sum(), entropy
@@ -112,4 +138,5 @@ def _packed_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, w
     # Where each (row, column) sits in the packed sequence; response token t is predicted one position earlier.
     where = real.flatten().long().cumsum(0).view_as(real) - 1
     at = (where[:, -R:] - 1).clamp_min(0)
-    return _response_logprobs(out.logits[0][at], responses, temperature, with_entropy)  # [B, R, V]
+    return _response_logprobs(out.logits[0][at], responses, temperature, with_entropy,  # [B, R, V]
+                              batch.get("choice_ids"))
