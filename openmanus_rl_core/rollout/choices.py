@@ -22,8 +22,7 @@ that is the policy trained (action masking):
   are no decision (log-probability 0): the episode lists them (``Episode.forced``) and the update leaves them out
   of its token means (``run/worker_inputs.actor_batch``); ``rollout/forced_tokens`` is their share.
 
-A reply carries no thought: a
-template's ``render(choice)`` without one is the whole reply.
+A reply carries no thought: a template's ``render(choice)`` without one is the whole reply.
 """
 
 from __future__ import annotations
