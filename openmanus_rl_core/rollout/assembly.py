@@ -32,7 +32,8 @@ def build_batch(episodes: Sequence[Episode], breakdowns: Sequence[Any] | None, a
       constraint (``Episode.choices``): the tokens the grammar allowed at each of its positions (-1 padding; all -1
       elsewhere), over which the actor renormalises the model's distribution there (``workers/logprobs.py``), and 1
       where it allowed one token only. Forced tokens stay in ``response_mask`` (the reward allocated to a reply's
-      last token is summed over it) and leave the actor's loss (:func:`~openmanus_rl_core.run.worker_inputs.actor_batch`).
+      last token is summed over it) and leave the actor's loss
+      (:func:`~openmanus_rl_core.run.worker_inputs.actor_batch`).
 
     non_tensors (per row, the episode's values): ``group_ids``, ``uid`` (unique per sample), ``anchor_obs`` (the
     observation each turn acted on), ``step_rewards`` (``breakdown.turn_rewards``), ``success``, ``termination``,
