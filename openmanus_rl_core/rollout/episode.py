@@ -46,11 +46,15 @@ class Episode:
     context_turns: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     choices: dict[int, list[int]] = field(default_factory=dict)
-    forced: list[int] = field(default_factory=list)
 
     @property
     def group_id(self) -> Any:
         return self.trajectory.group_id
+
+    @property
+    def forced(self) -> list[int]:
+        """The positions in ``response_ids`` where a constraint allowed one token only (module doc: ``choices``)."""
+        return sorted(k for k, allowed in self.choices.items() if len(allowed) == 1)
 
     @property
     def step_ids(self) -> list[int]:

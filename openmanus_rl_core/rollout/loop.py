@@ -354,8 +354,6 @@ class AgentLoop:
         if lv.constraint is not None:
             for i, allowed in enumerate(allowed_at(self, lv.constraint, ids)):
                 ep.choices[start + i] = allowed
-                if len(allowed) == 1:
-                    ep.forced.append(start + i)
         ep.anchor_obs.append(lv.obs)
         traj.info["finish_reasons"].append("length" if cut else gen.finish_reason)
         parsed, perr = self._parse(text)

@@ -320,8 +320,7 @@ class Trainer:
         """``(shards, pad)``: the batch's token tensors only, one equal shard per rank (forward passes need no more)."""
         from openmanus_rl_core.distributed.sharding import shard_batch
 
-        shards, pad = shard_batch(batch, self.actor.size)
-        return [lean_batch(s) for s in shards], pad
+        return shard_batch(lean_batch(batch), self.actor.size)
 
     # ------------------------------------------------------------------------------------------------ fit
     def fit(self) -> dict[str, float]:
