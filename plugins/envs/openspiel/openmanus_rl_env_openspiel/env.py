@@ -124,6 +124,7 @@ class OpenSpielEnv:
         self._chance = random.Random(0)
         self._oracle = random.Random(0)
         self._opponents: dict[int, Any] = {}
+        self._demonstrating: dict[str, Any] = {}  # the demonstrators' bots of this episode, by name
         self._invalid = 0
         self._over = True  # the episode ended (the game's end, a forfeit)
         self._table: tables.Table | None = None  # a self-play game shared with the other seats' episodes
@@ -270,6 +271,7 @@ class OpenSpielEnv:
         self._chance = random.Random(chosen)
         self._oracle = random.Random(f"oracle:{chosen}")
         self._opponents = {}
+        self._demonstrating = {}
         self._invalid = 0
 
     def _info(self) -> dict[str, Any]:
@@ -352,6 +354,29 @@ class OpenSpielEnv:
         if self.state is None or self._over or self._game_over():
             raise RuntimeError("openspiel env: oracle_action() needs a game in play (reset() first)")
         return self._oracle.choice(games.legal_texts(self.state))
+
+    @property
+    def demonstrators(self) -> dict[str, str]:
+        """OpenSpiel's bots as demonstrators of the seat (``warmup.demonstrator=bot:mcts``): an imitation baseline,
+        what the model learns from a strong player's moves on the warm-up's budget. ``bot:minimax`` only where it
+        can search the game (:func:`.opponents.minimax_problem`); MCTS searches the true state, hidden cards too."""
+        offered = {"bot:mcts": f"OpenSpiel's MCTS bot, {self.simulations} simulations a move"}
+        if opponents.minimax_problem(self.game, "bot:minimax") is None:
+            offered["bot:minimax"] = "alpha-beta search to the end: a best move, the first in OpenSpiel's order"
+        return offered
+
+    def demonstrator_action(self, name: str) -> str:
+        """The move of the bot ``name`` (one of :attr:`demonstrators`) for this seat, as the action's text; each
+        episode's bot is seeded by its task."""
+        if name not in self.demonstrators:
+            raise ValueError(f"demonstrator {name!r}: openspiel ({self.game_string}) offers "
+                             f"{', '.join(self.demonstrators)}")
+        if self.state is None or self._over or self._game_over():
+            raise RuntimeError("openspiel env: demonstrator_action() needs a game in play (reset() first)")
+        if name not in self._demonstrating:
+            self._demonstrating[name] = opponents.make(name, self.game, self._oracle.randrange(2**31),
+                                                       self.simulations)
+        return self.state.action_to_string(self.own, self._demonstrating[name].act(self.state))
 
 
 def _task_number(task_id: Any, seed: Any) -> int:

@@ -136,16 +136,21 @@ BOARDS_APART: dict[str, Callable[[Any, int], str]] = {"tic_tac_toe": _grid, "con
 
 def describe(state: Any, player: int, game: str) -> str:
     """The observation ``player`` gets when it is to move at ``state``: the game, its seat, OpenSpiel's text of what
-    it knows (and the cards in words, :data:`CARDS_IN_WORDS`), the moves so far and the legal actions."""
+    it knows (and the cards in words, :data:`CARDS_IN_WORDS`), the moves so far and the legal actions.
+
+    A board (:data:`BOARDS_APART`) comes last, after the legal actions: the reply follows it at once, so each cell
+    is at the same distance from the reply's tokens on every turn, whatever the length of the moves and the legal
+    actions before it. A small policy then finds a cell at a fixed offset; with the board first, the cells moved by
+    a token or more with each move played."""
     moves = moves_so_far(state)
     name = state.get_game().get_type().short_name
-    cards, board = CARDS_IN_WORDS.get(name), BOARDS_APART.get(name, _state_text)
-    lines = [header(game, player, state.get_game().num_players()),
-             f"State (as player {player} sees it):", board(state, player),
-             *(cards(state, player) if cards else []),
-             "Moves so far: " + ("; ".join(moves) if moves else "none"),
-             "Legal actions: " + ", ".join(legal_texts(state, player))]
-    return "\n".join(lines)
+    cards, board = CARDS_IN_WORDS.get(name), BOARDS_APART.get(name)
+    known = [f"State (as player {player} sees it):", (board or _state_text)(state, player),
+             *(cards(state, player) if cards else [])]
+    play = ["Moves so far: " + ("; ".join(moves) if moves else "none"),
+            "Legal actions: " + ", ".join(legal_texts(state, player))]
+    return "\n".join([header(game, player, state.get_game().num_players()),
+                      *(play + known if board else known + play)])
 
 
 def header(game: str, player: int, players: int) -> str:

@@ -20,7 +20,7 @@ import functools
 import random
 from typing import Any, Callable
 
-__all__ = ["OPPONENTS", "SELF", "make", "check", "seat_opponents"]
+__all__ = ["OPPONENTS", "SELF", "make", "check", "minimax_problem", "seat_opponents"]
 
 MINIMAX_MAX_LENGTH = 12  # longest game (moves) minimax searches to the end: tic_tac_toe's 9 takes well under a second
 
@@ -74,7 +74,7 @@ OPPONENTS: dict[str, Callable[..., Any]] = {"random": RandomOpponent, "bot:mcts"
                                             "bot:minimax": MinimaxOpponent}
 
 
-def _minimax_problem(game: Any, label: str) -> str | None:
+def minimax_problem(game: Any, label: str) -> str | None:
     import pyspiel
 
     kind = game.get_type()
@@ -133,7 +133,7 @@ def check(game: Any, game_string: str, opponent: Any, simulations: Any, val_oppo
             raise ValueError(f"opponent={name!r}: not an opponent here; {hint}(known: {', '.join(OPPONENTS)}, "
                              f"{SELF})")
         if name == "bot:minimax":
-            problem = _minimax_problem(game, name)
+            problem = minimax_problem(game, name)
             if problem:
                 raise ValueError(f"opponent=bot:minimax: {game_string}: {problem}")
     return names

@@ -69,6 +69,34 @@ def test_the_seat_sees_its_card_the_public_moves_and_the_legal_actions_never_the
         assert lines[4] == f"Moves so far: {expected}"
 
 
+def test_openspiels_bots_demonstrate_the_seat_for_the_warm_up():
+    from openmanus_rl_core.config import ConfigError as Refused
+    from openmanus_rl_core.run.warmup import demonstrator_policy
+
+    env = OpenSpielEnv(game="tic_tac_toe", opponent="random")
+    assert set(env.demonstrators) == {"bot:mcts", "bot:minimax"}
+    minimax = demonstrator_policy(env, "bot:minimax")
+    scores = []
+    for task in range(20):  # perfect play never loses, in either seat, and wins most games against random moves
+        _, results = play(env, task, lambda obs: minimax())
+        assert not any(r.info["invalid"] for r in results)
+        scores.append(results[-1].info["score"])
+    assert min(scores) >= 0 and scores.count(1.0) >= 14, scores
+    mcts = demonstrator_policy(env, "bot:mcts")
+    moves = []
+    for _ in range(2):  # a task's demonstrations are the same in every process: the bot is seeded by the task
+        env.reset(task_id=1)
+        moves.append(mcts())
+    assert moves[0] == moves[1] and moves[0] in legal(env.reset(task_id=1))
+    poker = OpenSpielEnv(game="kuhn_poker")
+    assert list(poker.demonstrators) == ["bot:mcts"]  # minimax cannot search a game of hidden cards
+    with pytest.raises(Refused, match="bot:minimax: the env OpenSpielEnv offers oracle, bot:mcts"):
+        demonstrator_policy(poker, "bot:minimax")
+    with pytest.raises(ValueError, match="demonstrator 'bot:minimax': openspiel \\(kuhn_poker\\) offers bot:mcts"):
+        poker.reset(task_id=0)
+        poker.demonstrator_action("bot:minimax")
+
+
 def test_the_reward_is_the_seats_openspiel_return_and_a_task_is_the_same_deal():
     env = OpenSpielEnv(game="kuhn_poker")
     deals = collections.Counter()
@@ -90,7 +118,9 @@ def test_the_reward_is_the_seats_openspiel_return_and_a_task_is_the_same_deal():
 def test_moves_are_read_by_their_text_case_and_spacing_ignored_and_the_board_is_shown():
     env = OpenSpielEnv(game="tic_tac_toe", seat=0, opponent="random")
     first = env.reset(task_id=0)
-    assert "\nBoard (rows 0-2, columns 0 1 2):\n0: . . .\n1: . . .\n2: . . .\n" in first
+    # the board comes last, right before the reply: its cells are the observation's last tokens on every turn
+    assert first.endswith("\nBoard (rows 0-2, columns 0 1 2):\n0: . . .\n1: . . .\n2: . . .")
+    assert first.index("Legal actions: ") < first.index("State (as player 0 sees it):")
     assert legal(first)[0] == "x(0,0)"
     result = env.step("  X(1,1) ")
     assert not result.info["invalid"] and env.state.history()[0] == 4
