@@ -82,18 +82,17 @@ def test_openspiels_bots_demonstrate_the_seat_for_the_warm_up():
         assert not any(r.info["invalid"] for r in results)
         scores.append(results[-1].info["score"])
     assert min(scores) >= 0 and scores.count(1.0) >= 14, scores
-    mcts = demonstrator_policy(env, "bot:mcts")
     moves = []
-    for _ in range(2):  # a task's demonstrations are the same in every process: the bot is seeded by the task
-        env.reset(task_id=1)
-        moves.append(mcts())
-    assert moves[0] == moves[1] and moves[0] in legal(env.reset(task_id=1))
+    for fresh in (env, OpenSpielEnv(game="tic_tac_toe", opponent="random")):  # the bot is seeded by the task
+        first = fresh.reset(task_id=1)
+        moves.append(demonstrator_policy(fresh, "bot:mcts")())
+    assert moves[0] == moves[1] and moves[0] in legal(first)
     poker = OpenSpielEnv(game="kuhn_poker")
     assert list(poker.demonstrators) == ["bot:mcts"]  # minimax cannot search a game of hidden cards
     with pytest.raises(Refused, match="bot:minimax: the env OpenSpielEnv offers oracle, bot:mcts"):
         demonstrator_policy(poker, "bot:minimax")
+    poker.reset(task_id=0)
     with pytest.raises(ValueError, match="demonstrator 'bot:minimax': openspiel \\(kuhn_poker\\) offers bot:mcts"):
-        poker.reset(task_id=0)
         poker.demonstrator_action("bot:minimax")
 
 
