@@ -14,9 +14,9 @@ def rollout_metrics(episodes: Sequence[Episode], elapsed_s: float | None = None)
     (counts), ``rollout/response_length/{mean,max}``, ``rollout/agent_tokens/mean``, ``rollout/truncated``
     (fraction), ``rollout/env_reward/mean``, ``rollout/forced_tokens`` (the share of generated tokens a constraint
     forced, when some were: ``rollout.constrain_actions``) and throughput (``rollout/episodes_per_s``,
-    ``rollout/turns_per_s``, ``rollout/tokens_per_s`` over generated tokens) when the elapsed time is known (``elapsed_s`` or the
-    ``rollout_time_s`` the loop stores in each trajectory's info). With a model-written memory summary
-    (rollout/summaries.py): ``rollout/summary_tokens/{mean,max}`` over the summaries written,
+    ``rollout/turns_per_s``, ``rollout/tokens_per_s`` over generated tokens) when the elapsed time is known
+    (``elapsed_s`` or the ``rollout_time_s`` the loop stores in each trajectory's info). With a model-written
+    memory summary (rollout/summaries.py): ``rollout/summary_tokens/{mean,max}`` over the summaries written,
     ``rollout/summary_writes``, ``rollout/summary_fallbacks`` and ``rollout/summary_cut`` (counts). With an agent
     behind the gateway: ``gateway/continuous_episodes`` (one sample each) and ``gateway/segmented_episodes`` (split
     at a break in their history: one sample per segment), ``gateway/segments/{mean,max}`` per episode and
