@@ -9,6 +9,8 @@ stopped with SIGTERM: it ends the step in progress, saves and exits):
 
 - **grpo**: self-play, GRPO in groups of one task and one seat (the preset as shipped);
 - **rae**: self-play, role-conditioned advantages (``algorithm.adv_estimator=rae``: a baseline per seat);
+- **gigpo**: self-play, GiGPO (``algorithm.adv_estimator=gigpo``): GRPO's groups of one task and one seat, plus a
+  baseline per information state within them, so each move is credited against the other moves made where it was;
 - **random**: against a uniformly random opponent only (``env.kwargs.opponent=random``; the policy's seat alternates
   over the tasks);
 - **pool**: against the pool of the run's earlier policies (``env.kwargs.opponent=pool``: snapshots of the policy's
@@ -18,11 +20,12 @@ stopped with SIGTERM: it ends the step in progress, saves and exits):
 ``--game leduc_poker`` plays Leduc Poker instead (:data:`GAMES`: its overrides of the preset, and its goal).
 
 Every row validates every ``trainer.val_freq`` steps, logging ``val/exploitability`` (OpenSpiel's own, of the
-model's probabilities of each legal move). The script reads each run's ``metrics.jsonl`` (``val/exploitability``
-and ``time/elapsed_s``, the seconds since the run started, warm-up included), prints a table per row and seed (the
-untrained and warmed-up policy's exploitability, the last measured, the best, the minutes to reach the goal,
-validations seen) with each row's mean over the seeds, and draws exploitability against minutes to
-``<out>/selfplay.png``. ``--out`` keeps the run folders (default: ``outputs/bench_selfplay/<time>``). ``--from
+model's probabilities of each legal move), and from the first step on ``val/exploitability_average``, that of the run's
+average policy (the validated policies mixed, one drawn for each game: docs/selfplay.md). The script reads each
+run's ``metrics.jsonl`` (those and ``time/elapsed_s``, the seconds since the run started, warm-up included), prints a
+table per row and seed (the untrained and warmed-up policy's exploitability, the last measured, the best, the
+minutes to reach the goal, the average policy's last and best, validations seen) with each row's mean over the
+seeds, and draws exploitability against minutes to ``<out>/selfplay.png`` (the average policy dashed). ``--out`` keeps the run folders (default: ``outputs/bench_selfplay/<time>``). ``--from
 DIR,DIR`` runs nothing: it puts the rows of earlier ``--out`` folders in one table and one plot.
 """
 
@@ -41,6 +44,7 @@ from pathlib import Path
 ROWS = {
     "grpo": ("self-play + GRPO", []),
     "rae": ("self-play + RAE", ["algorithm.adv_estimator=rae"]),
+    "gigpo": ("self-play + GiGPO", ["algorithm.adv_estimator=gigpo"]),
     "random": ("vs random only", ["env.kwargs.opponent=random"]),
     "pool": ("vs the pool", ["env.kwargs.opponent=pool"]),
 }
@@ -93,10 +97,10 @@ def merged(game: list[str], given: list[str]) -> list[str]:
     return [o for o in game if o.split("=", 1)[0] not in keys] + given
 
 
-def curve(run_dir: Path) -> list[tuple[float, int, float]]:
-    """(minutes since the run started, step, exploitability) of every validation in ``metrics.jsonl``. Step 0's
-    line holds two: the untrained policy's (``val/``, put at minute 0) and the warmed-up one's (``warmup/val/``, at
-    the line's time)."""
+def curve(run_dir: Path) -> list[tuple[float, int, float, float | None]]:
+    """(minutes since the run started, step, exploitability, the average policy's or None) of every validation in
+    ``metrics.jsonl``. Step 0's line holds two: the untrained policy's (``val/``, put at minute 0) and the warmed-up
+    one's (``warmup/val/``, at the line's time); neither has an average."""
     path = run_dir / "metrics.jsonl"
     out = []
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -107,29 +111,34 @@ def curve(run_dir: Path) -> list[tuple[float, int, float]]:
         value, elapsed = row.get("val/exploitability"), row.get("time/elapsed_s")
         if row.get("step") == 0:
             if value is not None:
-                out.append((0.0, 0, float(value)))
+                out.append((0.0, 0, float(value), None))
             value = row.get("warmup/val/exploitability")
+        average = row.get("val/exploitability_average")
         if value is not None and elapsed is not None:
-            out.append((float(elapsed) / 60, int(row["step"]), float(value)))
+            out.append((float(elapsed) / 60, int(row["step"]), float(value),
+                        None if average is None else float(average)))
     return out
 
 
 def earlier(sources: list[Path]) -> dict[str, dict[int, list]]:
-    """The rows of earlier runs' ``selfplay.json`` files (``{row: {seed: [[minute, step, value], ...]}}``), merged."""
+    """The rows of earlier runs' ``selfplay.json`` files (``{row: {seed: [[minute, step, value, average], ...]}}``;
+    a file from before the average has no fourth entry), merged."""
     results: dict[str, dict[int, list]] = {}
     for source in sources:
         for row, seeds in json.loads(source.read_text()).items():
             for seed, points in seeds.items():
-                results.setdefault(row, {})[int(seed)] = [tuple(p) for p in points]
+                results.setdefault(row, {})[int(seed)] = [(*p[:3], p[3] if len(p) > 3 else None) for p in points]
     return results
 
 
-def summary(points: list[tuple[float, int, float]], target: float) -> dict:
-    reached = next((m for m, _, v in points if v <= target), None)
+def summary(points: list[tuple[float, int, float, float | None]], target: float) -> dict:
+    reached = next((m for m, _, v, _ in points if v <= target), None)
+    averages = [a for *_, a in points if a is not None]
     return {"first": points[0][2] if points else None,
-            "warm": next((v for m, st, v in points if st == 0 and m > 0), None),
+            "warm": next((v for m, st, v, _ in points if st == 0 and m > 0), None),
             "last": points[-1][2] if points else None,
-            "best": min(v for _, _, v in points) if points else None, "to_target_min": reached,
+            "best": min(v for _, _, v, _ in points) if points else None, "to_target_min": reached,
+            "average_last": averages[-1] if averages else None, "average_best": min(averages, default=None),
             "validations": len(points), "last_step": points[-1][1] if points else None,
             "last_min": points[-1][0] if points else None}
 
@@ -139,22 +148,25 @@ def fmt(value, spec: str = ".3f") -> str:
 
 
 def table(results: dict[str, dict[int, list]], target: float) -> str:
-    head = (f"| row | seed | untrained | warmed up | last | best | min to <= {target:g} | validations | last step "
-            f"| at minute |\n|---|---|---|---|---|---|---|---|---|---|")
+    head = (f"| row | seed | untrained | warmed up | last | best | min to <= {target:g} | average: last | average: "
+            f"best | validations | last step | at minute |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for row, seeds in results.items():
         sums = {seed: summary(points, target) for seed, points in seeds.items()}
         for seed, s in sums.items():
             lines.append(f"| {ROWS[row][0]} | {seed} | {fmt(s['first'])} | {fmt(s['warm'])} | {fmt(s['last'])} | "
                          f"{fmt(s['best'])} | "
-                         f"{fmt(s['to_target_min'], '.1f')} | {s['validations']} | {fmt(s['last_step'], 'd')} | "
+                         f"{fmt(s['to_target_min'], '.1f')} | {fmt(s['average_last'])} | {fmt(s['average_best'])} | "
+                         f"{s['validations']} | {fmt(s['last_step'], 'd')} | "
                          f"{fmt(s['last_min'], '.1f')} |")
         if len(sums) > 1:
             lasts = [s["last"] for s in sums.values() if s["last"] is not None]
             bests = [s["best"] for s in sums.values() if s["best"] is not None]
             hits = sum(s["to_target_min"] is not None for s in sums.values())
+            averages = [s["average_last"] for s in sums.values() if s["average_last"] is not None]
             lines.append(f"| {ROWS[row][0]} | mean | - | - | {fmt(statistics.mean(lasts) if lasts else None)} | "
-                         f"{fmt(statistics.mean(bests) if bests else None)} | {hits}/{len(sums)} seeds | - | - | - |")
+                         f"{fmt(statistics.mean(bests) if bests else None)} | {hits}/{len(sums)} seeds | "
+                         f"{fmt(statistics.mean(averages) if averages else None)} | - | - | - | - |")
     return "\n".join(lines)
 
 
@@ -166,12 +178,16 @@ def plot(results: dict[str, dict[int, list]], path: Path, game: str) -> Path:
     fig = Figure(figsize=(7, 4.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    colours = dict(zip(ROWS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    colours = dict(zip(ROWS, ("tab:blue", "tab:orange", "tab:purple", "tab:green", "tab:red")))
     for row, seeds in results.items():
         for i, (seed, points) in enumerate(sorted(seeds.items())):
             if points:
-                ax.plot([m for m, _, _ in points], [v for _, _, v in points], marker=".", color=colours[row],
+                ax.plot([p[0] for p in points], [p[2] for p in points], marker=".", color=colours[row],
                         alpha=0.8, label=ROWS[row][0] if i == 0 else None)
+            averaged = [(p[0], p[3]) for p in points if p[3] is not None]
+            if averaged:
+                ax.plot(*zip(*averaged), linestyle="--", color=colours[row], alpha=0.8,
+                        label=f"{ROWS[row][0]}, average policy" if i == 0 else None)
     target = GAMES[game][1]
     ax.axhline(target, color="grey", linestyle=":", label=f"target {target:g}")
     ax.set_xlabel("wall time (minutes, warm-up included)")

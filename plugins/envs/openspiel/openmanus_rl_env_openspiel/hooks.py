@@ -1,9 +1,11 @@
 """Contributes this package's Hydra configs (``env=openspiel``, ``reward=openspiel``); names each trajectory's seat
 as its role (self-play: GRPO groups per seat); and, for a run on a game whose tree is small enough to walk
 (:data:`~openmanus_rl_env_openspiel.exploitability.TRACTABLE_GAMES`), measures the policy's exploitability and
-NashConv at every validation and in ``openmanus-rl eval`` (``val/exploitability``, ``val/nash_conv``); with
-``opponent=pool``, keeps the policy scored at a refresh step's validation as the pool's next snapshot, and the
-pool's snapshots in every checkpoint, put back when a run resumes from it (:mod:`.pool`)."""
+NashConv at every validation and in ``openmanus-rl eval`` (``val/exploitability``, ``val/nash_conv``), and in
+training the exploitability of the run's average policy (``val/exploitability_average``: the mixture of the policies
+validated since the warm-up, :mod:`.average`), whose tables every checkpoint keeps; with ``opponent=pool``, keeps the
+policy scored at a refresh step's validation as the pool's next snapshot, and the pool's snapshots in every
+checkpoint, put back when a run resumes from it (:mod:`.pool`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 from openmanus_rl_core.hookspecs import hookimpl
 
 from openmanus_rl_env_openspiel import pool
+from openmanus_rl_env_openspiel.average import History
 
 
 @hookimpl
@@ -39,17 +42,25 @@ def openmanus_rl_run_start(cfg: Any, run_dir: str) -> None:
     _TRAINING["step"] = 0  # step 0: the untrained policy's validation, then the warm-up's (the last one stays)
 
 
+_HISTORY = History()
+"""This process's training run's validated policies (average.py): put back by a resume before the run starts, and
+forgotten when it ends."""
+
+
 @hookimpl
 def openmanus_rl_run_end(run_dir: str, metrics: dict) -> None:
     _TRAINING.clear()  # a later eval in this process writes no snapshot
+    _HISTORY.clear()
 
 
 @hookimpl
 def openmanus_rl_policy_metrics(cfg: Any, policy: Any) -> dict[str, float] | None:
     """Exploitability and NashConv of the policy in the run's game (OpenSpiel's own computation), or None for
     another env or a game too large to walk."""
+    from open_spiel.python.algorithms import exploitability
+
     from openmanus_rl_env_openspiel.env import OpenSpielEnv
-    from openmanus_rl_env_openspiel.exploitability import TRACTABLE_GAMES, policy_metrics
+    from openmanus_rl_env_openspiel.exploitability import TRACTABLE_GAMES, as_openspiel, policy_metrics
 
     if str(cfg.env.name).rsplit(":", 1)[-1] != "openspiel":
         return None
@@ -67,11 +78,19 @@ def openmanus_rl_policy_metrics(cfg: Any, policy: Any) -> dict[str, float] | Non
         pool.write_snapshot(env.pool_dir, step, env.game_string, table)
     if env.players != 2:  # exploitability is defined for two-player zero-sum games; NashConv for any
         values.pop("exploitability")
+    elif step:  # a validation of a training step: the average of the run's policies so far
+        _HISTORY.add(step, table)
+        game = env.game
+        values["exploitability_average"] = float(exploitability.exploitability(
+            game, as_openspiel(game, _HISTORY.average(game))))
     return values
 
 
 CHECKPOINT_KEY = "openspiel_pool"
 """The pool's entry in a checkpoint's ``plugins`` state: ``{"snapshots": {step: the snapshot file's bytes}}``."""
+
+AVERAGE_KEY = "openspiel_average"
+"""The average policy's entry in a checkpoint's ``plugins`` state: ``{"tables": {step: the table as text}}``."""
 
 
 def _pool_dir(cfg: Any) -> Path | None:
@@ -87,15 +106,22 @@ def _pool_dir(cfg: Any) -> Path | None:
 
 @hookimpl
 def openmanus_rl_checkpoint_save(cfg: Any, run_dir: str, step: int) -> dict | None:
-    """The pool's snapshots taken up to ``step``, byte for byte, in the checkpoint of ``step``."""
+    """The pool's snapshots taken up to ``step``, byte for byte, and the average policy's tables up to ``step``, in
+    the checkpoint of ``step``."""
     folder = _pool_dir(cfg)
-    return None if folder is None else {CHECKPOINT_KEY: {"snapshots": pool.saved(folder, step)}}
+    kept = {} if folder is None else {CHECKPOINT_KEY: {"snapshots": pool.saved(folder, step)}}
+    if _HISTORY.tables:
+        kept[AVERAGE_KEY] = {"tables": _HISTORY.saved(step)}
+    return kept or None
 
 
 @hookimpl
 def openmanus_rl_checkpoint_restore(cfg: Any, run_dir: str, step: int, state: dict) -> None:
     """The pool's folder made to hold exactly the checkpoint's snapshots (a resumed run draws what an uninterrupted
-    one does); a checkpoint without them (of a run that had no pool) leaves the folder as it is."""
+    one does); a checkpoint without them (of a run that had no pool) leaves the folder as it is. The average
+    policy's tables become exactly the checkpoint's."""
+    if AVERAGE_KEY in state:
+        _HISTORY.put_back(state[AVERAGE_KEY]["tables"])
     folder = _pool_dir(cfg)
     if folder is None or CHECKPOINT_KEY not in state:
         return

@@ -1,6 +1,7 @@
 """``opponent=pool`` across a kill -9, as every run: with nothing set, the pool lives in the run's folder and in each
 checkpoint; a run killed after a checkpoint and resumed logs the same history up to the kill, finds exactly the
-checkpoint's snapshots (byte for byte, whatever happened to the folder since), takes the later ones again, and its
+checkpoint's snapshots (byte for byte, whatever happened to the folder since), takes the later ones again, averages
+the policies the checkpoint kept with the later ones (``val/exploitability_average`` as before the kill), and its
 rollout dumps hold each seat's samples with the seat named."""
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def test_a_pool_run_killed_with_sigkill_resumes_with_its_history_its_pool_and_na
     last, checkpoint = max(killed), step_of(latest_checkpoint(run))
     assert checkpoint == 4 and last >= 5 and list(before) == list(range(max(before) + 1)) and max(before) >= 6
     kept = load_checkpoint(run / "checkpoints" / "step_000004", keys=["plugins"])["plugins"]
-    assert kept == {hooks.CHECKPOINT_KEY: {"snapshots": {s: before[s] for s in range(5)}}}
+    assert kept[hooks.CHECKPOINT_KEY] == {"snapshots": {s: before[s] for s in range(5)}}
+    assert list(kept[hooks.AVERAGE_KEY]["tables"]) == [1, 2, 3, 4]  # the average policy's, after the warm-up
 
     # after the kill the folder loses a snapshot the resumed steps draw from, and another one is altered
     (run / "pool" / "step_3.json").unlink()
@@ -77,6 +79,7 @@ def test_a_pool_run_killed_with_sigkill_resumes_with_its_history_its_pool_and_na
     # the same history up to the kill, every step once
     resumed = records(run)
     assert sorted(resumed) == list(range(13))
+    assert "val/exploitability_average" in killed[5]
     for step in range(last + 1):
         assert resumed[step].keys() == killed[step].keys(), step
         for key, value in killed[step].items():
