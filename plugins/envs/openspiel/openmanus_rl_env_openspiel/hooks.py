@@ -55,8 +55,9 @@ def openmanus_rl_run_end(run_dir: str, metrics: dict) -> None:
 
 @hookimpl
 def openmanus_rl_policy_metrics(cfg: Any, policy: Any) -> dict[str, float] | None:
-    """Exploitability and NashConv of the policy in the run's game (OpenSpiel's own computation), or None for
-    another env or a game too large to walk."""
+    """Exploitability and NashConv of the policy in the run's game (OpenSpiel's own computation), and at a training
+    step's validation the exploitability of the run's average policy (average.py); None for another env or a game
+    too large to walk."""
     from open_spiel.python.algorithms import exploitability
 
     from openmanus_rl_env_openspiel.env import OpenSpielEnv
