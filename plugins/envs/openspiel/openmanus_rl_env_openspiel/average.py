@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
+from openmanus_rl_env_openspiel.exploitability import table_from_rows, table_rows
+
 __all__ = ["Table", "average_table", "History"]
 
 Table = Mapping[tuple[int, str], Mapping[int, float]]
@@ -61,16 +63,6 @@ def average_table(game: Any, tables: Sequence[Table]) -> dict[tuple[int, str], d
     return mixed
 
 
-def _encode(table: Table) -> str:
-    return json.dumps([[player, info, {str(a): float(p) for a, p in probs.items()}]
-                       for (player, info), probs in table.items()])
-
-
-def _decode(body: str) -> dict[tuple[int, str], dict[int, float]]:
-    return {(int(player), str(info)): {int(a): float(p) for a, p in probs.items()}
-            for player, info, probs in json.loads(body)}
-
-
 class History:
     """One training run's validated policies, by step (module docstring)."""
 
@@ -85,11 +77,11 @@ class History:
 
     def saved(self, step: int) -> dict[int, str]:
         """The tables of the validations up to ``step``, as text: what a checkpoint of ``step`` keeps."""
-        return {s: _encode(t) for s, t in sorted(self.tables.items()) if s <= step}
+        return {s: json.dumps(table_rows(t)) for s, t in sorted(self.tables.items()) if s <= step}
 
     def put_back(self, kept: Mapping[int, str]) -> None:
         """Exactly a checkpoint's tables (:meth:`saved`): a later step's, left by a killed attempt, go."""
-        self.tables = {int(s): _decode(body) for s, body in kept.items()}
+        self.tables = {int(s): table_from_rows(json.loads(body)) for s, body in kept.items()}
 
     def clear(self) -> None:
         self.tables.clear()

@@ -34,6 +34,8 @@ from typing import Any, Mapping
 
 from openmanus_rl_core.atomic import write_atomic
 
+from openmanus_rl_env_openspiel.exploitability import table_from_rows, table_rows
+
 __all__ = ["POOL", "POOL_GAMES", "PoolOpponent", "check", "check_run", "default_dir", "write_snapshot", "snapshots",
            "choose", "training_step", "load", "saved", "put_back"]
 
@@ -89,9 +91,7 @@ def write_snapshot(pool_dir: str | Path, step: int, game_string: str,
     whole (a temporary file renamed) so a reader never sees half of one."""
     folder = Path(pool_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    body = {"game": game_string, "step": int(step),
-            "table": [[player, info, {str(a): float(p) for a, p in probs.items()}]
-                      for (player, info), probs in table.items()]}
+    body = {"game": game_string, "step": int(step), "table": table_rows(table)}
     return write_atomic(folder / f"step_{int(step)}.json", json.dumps(body))
 
 
@@ -129,8 +129,7 @@ def load(pool_dir: str | Path, step: int) -> dict[tuple[int, str], dict[int, flo
         if hit is not None and hit[0] == mtime:
             return hit[1]
     body = json.loads(path.read_text())
-    table = {(int(player), str(info)): {int(a): float(p) for a, p in probs.items()}
-             for player, info, probs in body["table"]}
+    table = table_from_rows(body["table"])
     with _CACHE_LOCK:
         _CACHE[path] = (mtime, table)
     return table
