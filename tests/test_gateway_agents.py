@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from kills import alive, pids_in, wait_for
 
 from openmanus_rl_core.config import ConfigError
 from openmanus_rl_core.gateway import agents
@@ -33,27 +34,6 @@ def _agent(tmp_path: Path, body: str, name: str = "agent.py") -> str:
     script = tmp_path / name
     script.write_text("import json, os, subprocess, sys, time\n" + textwrap.dedent(body))
     return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # a zombie has ended; only its parent's wait is missing
-
-
-def _wait_for(predicate, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _pids(path: Path) -> list[int]:
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
 # Writes its own pid and that of a `sleep 1000` child to PIDS, then hangs.
@@ -117,8 +97,8 @@ def test_a_hanging_agent_is_killed_at_timeout_with_its_children(tmp_path, monkey
     assert 1.0 <= outcome.seconds < 1.0 + agents.KILL_GRACE_S and took < 1.0 + agents.KILL_GRACE_S + 1
     assert logged == ["agent for task 7: timed out after 1s (killed); "
                       "stderr tail: agent: waiting for a model that never answers"]
-    [[agent_pid, sleep_pid]] = [_pids(tmp_path / "pids")]
-    assert not _alive(agent_pid) and not _alive(sleep_pid)  # gone when run_agents returns, not later
+    [[agent_pid, sleep_pid]] = [pids_in(tmp_path / "pids")]
+    assert not alive(agent_pid) and not alive(sleep_pid)  # gone when run_agents returns, not later
 
 
 def test_an_agent_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, monkeypatch):
@@ -136,7 +116,7 @@ def test_an_agent_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, monke
                            lambda line: None)
     assert outcome.error == "timed out after 3s (killed)"
     assert 3.5 <= outcome.seconds < 5.0  # the timeout, then the grace, then SIGKILL
-    assert not _alive(_pids(tmp_path / "pids")[0])
+    assert not alive(pids_in(tmp_path / "pids")[0])
 
 
 def test_a_crashing_agent_has_its_stderr_tail_in_the_error_and_the_log(tmp_path):
@@ -233,8 +213,8 @@ def test_abandon_stops_every_running_agent(kind, tmp_path, monkeypatch, function
                                                              ("waiting", None, "abandoned")]
     assert time.monotonic() - asked[0] < agents.KILL_GRACE_S  # the agent dies on SIGTERM: no wait for the grace
     if kind == "command":
-        [[agent_pid, sleep_pid]] = [_pids(pids)]  # the waiting agent never started
-        assert not _alive(agent_pid) and not _alive(sleep_pid)
+        [[agent_pid, sleep_pid]] = [pids_in(pids)]  # the waiting agent never started
+        assert not alive(agent_pid) and not alive(sleep_pid)
 
 
 def test_an_exception_in_the_caller_leaves_no_agent_running(tmp_path, monkeypatch):
@@ -248,8 +228,8 @@ def test_an_exception_in_the_caller_leaves_no_agent_running(tmp_path, monkeypatc
 
     with pytest.raises(RuntimeError, match="the trainer failed"):
         run_agents([AgentJob("k", {})], _cfg(command=_agent(tmp_path, HANGING)), BASE_URL, "m", print, abandon)
-    [[agent_pid, sleep_pid]] = [_pids(pids)]
-    assert _wait_for(lambda: not _alive(agent_pid) and not _alive(sleep_pid), within=1.0)
+    [[agent_pid, sleep_pid]] = [pids_in(pids)]
+    assert wait_for(lambda: not alive(agent_pid) and not alive(sleep_pid), within=1.0)
 
 
 def test_agents_die_when_the_process_running_them_is_killed_with_sigkill(tmp_path):
@@ -262,14 +242,14 @@ def test_agents_die_when_the_process_running_them_is_killed_with_sigkill(tmp_pat
     """)
     proc = subprocess.Popen([sys.executable, "-c", launcher], env={**os.environ, "PIDS": str(pids)})
     try:
-        assert _wait_for(lambda: len(_pids(pids)) == 4, within=5.0), "the agents did not start"
+        assert wait_for(lambda: len(pids_in(pids)) == 4, within=5.0), "the agents did not start"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=5)
-        assert _wait_for(lambda: not any(_alive(p) for p in _pids(pids)), within=3.0), \
-            [p for p in _pids(pids) if _alive(p)]
+        assert wait_for(lambda: not any(alive(p) for p in pids_in(pids)), within=3.0), \
+            [p for p in pids_in(pids) if alive(p)]
     finally:
-        for pid in _pids(pids):  # only if the test failed
-            if _alive(pid):
+        for pid in pids_in(pids):  # only if the test failed
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

@@ -2,7 +2,9 @@
 
 ``python -m openmanus_rl_core.process.guard <launcher pid> -- <argv...>`` starts ``argv`` as its child, in the guard's own
 process group (the launcher starts the guard as a session leader), and exits with the child's exit code (128 + the
-signal's number when a signal ended it, as a shell reports it). Every ``--poll`` seconds it checks that its parent
+signal's number when a signal ended it, as a shell reports it). Before it exits, it kills with SIGKILL what the child
+left running in the group: the launcher would, but it may be the launcher's death that ended the child (an agent
+that writes to its stderr, a pipe to the launcher, dies of the broken pipe), and then nobody else will. Every ``--poll`` seconds it checks that its parent
 is still ``<launcher pid>`` (and that each ``--also`` pid is alive). When the launcher died without stopping its children (a trainer killed with SIGKILL,
 an OOM kill), the guard sends SIGTERM to its whole group, then SIGKILL after ``--grace`` seconds, so no child (an
 env server, a user's agent) is left holding its port and memory.
@@ -25,6 +27,7 @@ import time
 # Set by a training run's driver before it starts its local Ray: the workers it spawns inherit it, so what they
 # launch is guarded against the driver's death too (Ray's workers outlive a driver killed with SIGKILL by a minute).
 DRIVER_ENV = "OMRL_DRIVER_PID"
+_LEFTOVER_WAIT_S = 5.0  # how long the guard, once its child has exited, waits for the SIGKILLed leftovers to go
 
 
 def guarded(argv: list[str], *, poll: float = 0.5, grace: float = 5.0) -> list[str]:
@@ -68,6 +71,23 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def _end_leftovers() -> None:
+    """SIGKILL every other live process of the guard's group, until none is left (a SIGKILL lands asynchronously, and
+    a process may fork once more before it does). Nothing when the guard does not lead its group: that group is
+    its launcher's."""
+    me = os.getpid()
+    if os.getpgrp() != me:
+        return
+    deadline = time.monotonic() + _LEFTOVER_WAIT_S
+    while (left := [pid for pid in group_members(me) if pid != me]) and time.monotonic() < deadline:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+
+
 def _stop_group(grace: float, child: subprocess.Popen) -> None:
     os.killpg(0, signal.SIGTERM)  # the guard's own handler ignores it; the child and its children get it
     deadline = time.monotonic() + grace
@@ -102,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         try:  # waits on the child rather than sleeping: its exit is seen at once
             rc = child.wait(timeout=args.poll)
+            _end_leftovers()
             return rc if rc >= 0 else 128 - rc
         except subprocess.TimeoutExpired:
             pass
