@@ -47,6 +47,9 @@ FROM_RUN_COMMANDS = ("eval", "rollout", "export", "serve", "replay")
 # Commands that train: their config is checked for training, and a resumed run continues its own settings with the
 # command line's changes on top.
 TRAINING_COMMANDS = ("train",)
+# Commands that generate with rollout.engine and train nothing (so any engine, a served one too): the engine's own
+# start-up check (a served model's server answers) runs before the model is checked.
+ENGINE_COMMANDS = ("rollout", "eval")
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,7 @@ def prepare(command: str, overrides: Sequence[str], rewards: Sequence = ()):
     ``rewards``: reward components given as Python callables (:mod:`~openmanus_rl_core.rewards.callables`); a resumed
     run must be given those it recorded."""
     from openmanus_rl_core.config.loading import check
+    from openmanus_rl_core.engines import preflight
     from openmanus_rl_core.models.loading import check_model
 
     cfg, changes = composed(command, overrides, log=lambda line: print(line, flush=True))
@@ -230,7 +234,11 @@ def prepare(command: str, overrides: Sequence[str], rewards: Sequence = ()):
             from openmanus_rl_core.gateway.agents import check_agent
 
             check_agent(typed.agent)
-    check_model(typed.model)  # a model or tokenizer that cannot work stops here, before Ray
+    # A served model's server answers (engines.preflight), then the model and tokenizer are checked (which imports
+    # torch and transformers, seconds): both stop the command before Ray.
+    if command in ENGINE_COMMANDS:
+        preflight(typed.rollout.engine, typed.rollout.engine_kwargs)
+    check_model(typed.model)
     # eval, rollout and export take what the command line leaves alone from a checkpoint's run (commands/from_run.py)
     kwargs: dict = {"overrides": list(overrides)} if command in FROM_RUN_COMMANDS else {}
     if changes:

@@ -161,19 +161,21 @@ def test_a_server_that_does_not_finish_its_answer_times_out_instead_of_hanging(t
 
 @pytest.mark.parametrize("command", ["rollout", "eval"])
 def test_the_server_is_checked_before_the_policy_is_loaded(model_dir, tmp_path, capsys, monkeypatch, command):
-    """The preflight: with the server stopped, the error is the server's and the policy (tokenizer, weights) was
-    never loaded."""
+    """The preflight: with the server stopped, the error is the server's, and neither the model's check nor the
+    policy (tokenizer, weights) came before it."""
     from openmanus_rl_core.cli import main as cli_main
     from openmanus_rl_core.commands import from_run
+    from openmanus_rl_core.models import loading
 
-    loads = []
+    loads, checks = [], []
     monkeypatch.setattr(from_run, "load_policy", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr(loading, "check_model", lambda *a: checks.append(a))  # its tokenizer load: seconds
     url = _dead_url()
     rc = cli_main([command, "env=key_door", f"model.path={model_dir}", "rollout.engine=openai",
                    f"rollout.engine_kwargs.base_url={url}", "rollout.engine_kwargs.model=served"]
                   + [f"rollout.output_dir={tmp_path / 'out'}"] * (command == "rollout"))
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert (rc, len(errors), loads) == (1, 1, []), errors
+    assert (rc, len(errors), loads, checks) == (1, 1, [], []), errors
     assert errors[0].startswith(f"error: the served model at {url} does not answer (connection refused"), errors
 
 

@@ -23,7 +23,7 @@ from openmanus_rl_core.gateway.agents import AgentJob, run_agents
 from openmanus_rl_core.gateway.server import Gateway
 from openmanus_rl_core.rollout import sampling_params
 from test_gateway import Script
-from test_gateway_agents import _alive
+from kills import alive
 
 REPLY = "<action>open the box and read the note</action>"
 
@@ -170,8 +170,8 @@ def test_a_process_left_behind_by_a_command_agent_that_exits_0_is_gone_when_run_
         left = [int(p) for p in pids.read_text().split()]
         assert [(o.reward, o.error) for o in outcomes] == [(None, None)] * 3 and logged == []
         assert all(o.seconds < 5 for o in outcomes)  # the agent's exit ends its episode, not the timeout
-        assert len(left) == 3 and [pid for pid in left if _alive(pid)] == []  # at once, not a moment later
+        assert len(left) == 3 and [pid for pid in left if alive(pid)] == []  # at once, not a moment later
     finally:
         for pid in (int(p) for p in pids.read_text().split()) if pids.exists() else ():
-            if _alive(pid):  # only when the test failed
+            if alive(pid):  # only when the test failed
                 os.kill(pid, 9)

@@ -37,7 +37,6 @@ def score(cfg: Any, overrides: Sequence[str] = (), rewards: Sequence[Any] = ()) 
     from openmanus_rl_core.commands.from_run import adopt_run_config, load_policy
     from openmanus_rl_core.rewards.callables import take_again
     from openmanus_rl_core.data.tasks import load_tasks, require_tasks
-    from openmanus_rl_core.engines import preflight
     from openmanus_rl_core.plugin.envs import open_env_service
     from openmanus_rl_core.plugin.mix import source_rewards
     from openmanus_rl_core.plugin.registry import build, registry
@@ -51,7 +50,6 @@ def score(cfg: Any, overrides: Sequence[str] = (), rewards: Sequence[Any] = ()) 
         take_again(ckpt.python_rewards, rewards, c.reward.missing_callables, f"eval of {ckpt.path}",
                    "score it from Python with omrl.evaluate([...], rewards={...}) giving them")
     seed_all(c.seed)
-    preflight(c.rollout.engine, c.rollout.engine_kwargs)  # a served model's server answers before anything loads
     # An engine with needs_model=False (a served model) gets the run's tokenizer only, never weights.
     needs_model = getattr(registry("engine").get(c.rollout.engine), "needs_model", True)
     policy = load_policy(c, ckpt, tokenizer_only=not needs_model)

@@ -79,7 +79,6 @@ def rollout(cfg: Any, overrides: Sequence[str] = ()) -> int:
     from openmanus_rl_core.commands.from_run import adopt_run_config
     from openmanus_rl_core.config import ConfigError
     from openmanus_rl_core.config.loading import check
-    from openmanus_rl_core.engines import preflight
     from openmanus_rl_core.plugin.envs import open_env_service
     from openmanus_rl_core.run.metrics import dated_dir
     from openmanus_rl_core.plugin.registry import registry
@@ -98,8 +97,7 @@ def rollout(cfg: Any, overrides: Sequence[str] = ()) -> int:
             raise PermissionError("not writable")
     except OSError as exc:
         raise ConfigError(f"{key}={where}: cannot write the rollout there ({exc.strerror or exc})") from None
-    # A served model's server, then the env's servers, are checked (or started) before the model is built.
-    preflight(cfg.rollout.engine, cfg.rollout.engine_kwargs)
+    # The env's servers are checked (or started) before the model is built (a served model's: cli.prepare).
     at_once = min(len(load_task_rows(cfg)) * cfg.rollout.n, episodes_per_run(cfg.rollout))
     service = open_env_service(cfg.env.name, registry("env").get(cfg.env.name), cfg.env.kwargs, at_once=at_once)
     cfg.env.kwargs = service.kwargs

@@ -220,15 +220,15 @@ def check_model(model_cfg: ModelConfig) -> None:
     if not model_cfg.path:
         chat_template_text(model_cfg.chat_template)
         return
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     where = f"model.path={model_cfg.path}"
     folder = Path(model_cfg.path).expanduser()
     if not (folder / "config.json").is_file():
         raise ModelError(f"{where}: {'no config.json in that folder' if folder.is_dir() else 'no such folder'}; give "
                          "a local Hugging Face model folder (config.json, weights, tokenizer files), or model.path=null "
                          "for the embedded tiny model")
+    import torch  # after the folder's check: a wrong path is told without the seconds these imports take
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     try:
         config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:
