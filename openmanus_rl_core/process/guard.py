@@ -1,17 +1,19 @@
 """Run one child process and stop it when the process that launched it is gone.
 
-``python -m openmanus_rl_core.process.guard <launcher pid> -- <argv...>`` starts ``argv`` as its child, in the guard's own
-process group (the launcher starts the guard as a session leader), and exits with the child's exit code (128 + the
+``python -m openmanus_rl_core.process.guard <launcher pid> -- <argv...>`` starts ``argv`` as its child, in the guard's
+own process group (the launcher starts the guard as a session leader), and exits with the child's exit code (128 + the
 signal's number when a signal ended it, as a shell reports it). Before it exits, it kills with SIGKILL what the child
-left running in the group: the launcher would, but it may be the launcher's death that ended the child (an agent
-that writes to its stderr, a pipe to the launcher, dies of the broken pipe), and then nobody else will. Every ``--poll`` seconds it checks that its parent
-is still ``<launcher pid>`` (and that each ``--also`` pid is alive). When the launcher died without stopping its children (a trainer killed with SIGKILL,
-an OOM kill), the guard sends SIGTERM to its whole group, then SIGKILL after ``--grace`` seconds, so no child (an
-env server, a user's agent) is left holding its port and memory.
+left running in the group: the launcher would, but it may be the launcher's death that ended the child (an agent that
+writes to its stderr, a pipe to the launcher, dies of the broken pipe), and then nobody else will. Every ``--poll``
+seconds it checks that its parent is still ``<launcher pid>`` (and that each ``--also`` pid is alive). When the
+launcher died without stopping its children (a trainer killed with SIGKILL, an OOM kill), the guard sends SIGTERM to
+its whole group, then SIGKILL after ``--grace`` seconds, so no child (an env server, a user's agent) is left holding
+its port and memory.
 
 The launcher stops a guarded child as it would any process group: it signals the group, which holds the guard, the
 child and anything the child spawned. The guard ignores SIGTERM and SIGINT itself and exits when its child does.
-Used by the AgentGym launcher (its servers) and :mod:`openmanus_rl_core.gateway.agents` (the user's agents).
+Used by the AgentGym launcher and the OpenEnv server pool (their servers) and :mod:`openmanus_rl_core.gateway.agents`
+(the user's agents).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def _end_leftovers() -> None:
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):  # gone already
                 pass
         time.sleep(0.01)
 
