@@ -29,6 +29,12 @@ The pool (``opponent=pool``, :mod:`.pool`): sample ``k`` of a group is the polic
 the other seats are played by one of the run's snapshots of the policy's earlier behaviour; before the first
 snapshot, the group's samples are self-play seats as above.
 
+Exploring starts (``opening_moves=N``): a training game (a row the rollout expanded into a group) first plays a random
+opening of ``0..N`` uniformly random legal plies that do not end the game (:func:`.games.play_opening`), drawn from
+the task's number, so every game of a group opens alike and the group's mean is that position's value. Self-play
+alone reaches the few positions its own lines lead to; the openings show it the others. Validation and single
+episodes start from the game's first position.
+
 ``oracle_action()`` is a uniformly random legal action (drawn from a generator seeded by the task): it teaches the
 warm-up the action format and no strategy.
 """
@@ -47,11 +53,15 @@ from openmanus_rl_core.protocols import StepResult, as_text
 
 from openmanus_rl_env_openspiel import games, opponents, pool, tables
 
-__all__ = ["OpenSpielEnv", "INSTRUCTION"]
+__all__ = ["OpenSpielEnv", "INSTRUCTION", "NO_MOVE"]
 
 INSTRUCTION = ("You are playing {game}, a game for {players} players. Each turn shows what you know, the moves so "
                "far and your legal actions. Your action is the text of exactly one legal action as it is listed "
                "(for example {example}).")
+
+
+NO_MOVE = "none"
+"""The one reply of a seat whose game ended before it moved (:meth:`OpenSpielEnv.action_choices`)."""
 
 
 def _check_seat(seat: Any, players: int | None = None) -> None:
@@ -66,6 +76,12 @@ def _check_limit(invalid_limit: Any) -> None:
     if isinstance(invalid_limit, bool) or not isinstance(invalid_limit, int) or invalid_limit < 1:
         raise ValueError(f"invalid_limit={invalid_limit!r}: must be a positive integer (invalid actions in a row "
                          f"that forfeit the game)")
+
+
+def _check_opening(opening_moves: Any) -> None:
+    if isinstance(opening_moves, bool) or not isinstance(opening_moves, int) or opening_moves < 0:
+        raise ValueError(f"opening_moves={opening_moves!r}: must be a whole number of plies, 0 or more (the most "
+                         f"random moves a training game opens with; 0: none)")
 
 
 def _check_timeout(seat_timeout_s: Any) -> None:
@@ -90,19 +106,22 @@ class OpenSpielEnv:
     the opponent of the validation tasks and of single episodes), ``seat_timeout_s`` (with ``opponent=self``: how
     long a seat waits for the other seats of its game); with ``opponent=pool`` (:mod:`.pool`): ``pool_dir`` (the
     folder of the snapshots; None in a training run: ``<run_dir>/pool``), ``pool_size`` (the last snapshots drawn from) and ``refresh_steps`` (steps between
-    snapshots).
+    snapshots); ``opening_moves`` (the most random plies a training game opens with, module docstring).
     """
 
     def __init__(self, game: str = "kuhn_poker", opponent: Union[str, list] = "random", seat: Optional[int] = None,
                  simulations: int = 100, invalid_limit: int = 3, instruction: Optional[str] = None,
                  val_opponent: Union[str, list] = "random", seat_timeout_s: float = 60.0,
-                 pool_dir: Optional[str] = None, pool_size: int = 4, refresh_steps: int = 25):
+                 pool_dir: Optional[str] = None, pool_size: int = 4, refresh_steps: int = 25,
+                 opening_moves: int = 0):
         self.game_string = game
         self.game = games.check_game(game)
         self.players = self.game.num_players()
         _check_seat(seat, self.players)
         _check_limit(invalid_limit)
         _check_timeout(seat_timeout_s)
+        _check_opening(opening_moves)
+        self.opening_moves = int(opening_moves)
         self.opponent_names = opponents.check(self.game, game, opponent, simulations, val_opponent)
         self.league = opponent == pool.POOL
         if self.league:
@@ -181,21 +200,23 @@ class OpenSpielEnv:
         ``sample_index``) is seat ``sample_index % players`` of game ``sample_index // players`` of its group;
         anything else is :meth:`reset`."""
         index = task.get("sample_index")
-        if not self.selfplay or task.get("split") == "val" or task.get("group_id") is None or index is None:
-            return self.reset(task_id=task.get("task_id"), seed=task.get("seed"))
         chosen = _task_number(task.get("task_id"), task.get("seed"))
-        if self.league and self._start_pool(task, chosen, int(index) % self.players):
+        training = task.get("split") != "val" and task.get("group_id") is not None and index is not None
+        opening = self.opening_moves if training else 0
+        if not self.selfplay or not training:
+            return self._start_fixed(chosen, opening)
+        if self.league and self._start_pool(task, chosen, int(index) % self.players, opening):
             return self._observation()
         self._begin(chosen, int(index) % self.players)
         self._table_key = (self.game_string, task["group_id"], int(index) // self.players, task.get("task_id"),
                            task.get("seed"))
-        self._table = tables.TABLES.join(self._table_key, lambda: tables.Table(self.game, chosen))
+        self._table = tables.TABLES.join(self._table_key, lambda: tables.Table(self.game, chosen, opening))
         self.state = self._table.state
         self._wait_turn("its first move")
         self._over = False
         return self._observation()
 
-    def _start_pool(self, task: Mapping[str, Any], chosen: int, seat: int) -> bool:
+    def _start_pool(self, task: Mapping[str, Any], chosen: int, seat: int, opening: int) -> bool:
         """A pool episode: the policy in ``seat``, a snapshot in the others (False: no snapshot yet, play self)."""
         if self.pool_dir is None:  # no folder (an env built outside a training run): self seats
             return False
@@ -212,21 +233,23 @@ class OpenSpielEnv:
         self.pool_step = snapshot
         self._opponents = {p: pool.PoolOpponent(table, _seed_of(chosen, p), snapshot)
                            for p in range(self.players) if p != seat}
-        self.state = self.game.new_initial_state()
-        self._play_others()
+        self._new_game(chosen, opening)
         self._over = False
         return True
 
     def reset(self, task_id: int | None = None, seed: int | None = None) -> str:
         """The game of task ``task_id`` (``seed`` when None; a random one when both are) against the fixed opponents."""
-        chosen = _task_number(task_id, seed)
+        return self._start_fixed(_task_number(task_id, seed), 0)
+
+    def _start_fixed(self, chosen: int, opening: int) -> str:
+        """The game of number ``chosen`` against the fixed opponents, after a random opening of at most ``opening``
+        plies."""
         self._begin(chosen, chosen % self.players if self.seat is None else self.seat)
         others = [p for p in range(self.players) if p != self.own]
         self.pool_step = None
         self._opponents = {p: opponents.make(name, self.game, _seed_of(chosen, p), self.simulations)
                            for p, name in zip(others, self.fixed_names)}
-        self.state = self.game.new_initial_state()
-        self._play_others()
+        self._new_game(chosen, opening)
         self._over = False
         return self._observation()
 
@@ -332,21 +355,31 @@ class OpenSpielEnv:
                 f"other seats before {what}; opponent=self needs rollout.mode=episodes, rollout.n a multiple of "
                 f"{self.players} (one episode per seat), and every seat of a game on one actor rank")
 
+    def _new_game(self, chosen: int, opening: int) -> None:
+        """A new game: its random opening (the same for every game of number ``chosen``), then chance and the
+        opponents until the policy's seat is to move."""
+        self.state = self.game.new_initial_state()
+        games.play_opening(self.state, opening, random.Random(f"opening:{chosen}"), self._chance)
+        self._play_others()
+
     def _play_others(self) -> None:
         """Chance and the opponents move until the policy's seat is to move or the game ends."""
         state = self.state
-        while not state.is_terminal() and (state.is_chance_node() or state.current_player() != self.own):
-            if state.is_chance_node():
-                outcomes, weights = zip(*state.chance_outcomes())
-                state.apply_action(self._chance.choices(outcomes, weights)[0])
-            else:
-                state.apply_action(self._opponents[state.current_player()].act(state))
+        games.play_chance(state, self._chance)
+        while not state.is_terminal() and state.current_player() != self.own:
+            state.apply_action(self._opponents[state.current_player()].act(state))
+            games.play_chance(state, self._chance)
 
     def action_choices(self) -> list[str] | None:
         """The legal actions' texts while this seat is to move, None once its episode is over: with
-        ``rollout.constrain_actions=true`` each reply is decoded as one of them."""
-        if self.state is None or self._over or self._game_over():
+        ``rollout.constrain_actions=true`` each reply is decoded as one of them. A game that ended before this seat's
+        first move (an opening that left the seat before it a winning move) still asks the seat for one reply, which
+        decides nothing: its one choice is :data:`NO_MOVE`, so every token of it is forced and the update leaves it
+        out."""
+        if self.state is None or self._over:
             return None
+        if self._game_over():
+            return [NO_MOVE]
         return games.legal_texts(self.state, self.own)
 
     def oracle_action(self) -> str:
@@ -402,6 +435,7 @@ def _kwargs_dataclass() -> type:
         _check_seat(self.seat, game.num_players())
         _check_limit(self.invalid_limit)
         _check_timeout(self.seat_timeout_s)
+        _check_opening(self.opening_moves)
         opponent = list(self.opponent) if not isinstance(self.opponent, str) else self.opponent
         val_opponent = list(self.val_opponent) if not isinstance(self.val_opponent, str) else self.val_opponent
         opponents.check(game, self.game, opponent, self.simulations, val_opponent)

@@ -9,11 +9,12 @@ same information state.
 from __future__ import annotations
 
 import difflib
+import random
 import re
 from typing import Any, Callable
 
 __all__ = ["load", "check_game", "describe", "header", "legal_texts", "match_action", "moves_so_far", "outcome_text",
-           "CARDS_IN_WORDS", "BOARDS_APART"]
+           "play_chance", "play_opening", "CARDS_IN_WORDS", "BOARDS_APART"]
 
 
 def _pyspiel():
@@ -70,6 +71,30 @@ def legal_texts(state: Any, player: int | None = None) -> list[str]:
     """The legal actions' texts (``action_to_string``), in OpenSpiel's order."""
     player = state.current_player() if player is None else player
     return [state.action_to_string(player, a) for a in state.legal_actions(player)]
+
+
+def play_chance(state: Any, rng: random.Random) -> None:
+    """Chance moves (the deal, the dice), drawn from ``rng`` by their probabilities, until a player is to move."""
+    while state.is_chance_node():
+        outcomes, weights = zip(*state.chance_outcomes())
+        state.apply_action(rng.choices(outcomes, weights)[0])
+
+
+def play_opening(state: Any, most: int, rng: random.Random, chance: random.Random) -> int:
+    """A random opening (exploring starts): a number of plies drawn from ``0..most``, each a uniformly random legal
+    move that does not end the game, all drawn from ``rng``; chance moves between them from ``chance``. Returns the
+    plies played (fewer where every legal move would end the game)."""
+    plies = rng.randint(0, most) if most > 0 else 0
+    played = 0
+    while played < plies:
+        play_chance(state, chance)
+        open_moves = [a for a in state.legal_actions() if not state.child(a).is_terminal()]
+        if not open_moves:
+            break
+        state.apply_action(rng.choice(open_moves))
+        played += 1
+    play_chance(state, chance)
+    return played
 
 
 def moves_so_far(state: Any) -> list[str]:

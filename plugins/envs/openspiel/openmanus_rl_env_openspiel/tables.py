@@ -17,17 +17,20 @@ from typing import Any
 from openmanus_rl_core.rollout.tables import Table as SeatedTable
 from openmanus_rl_core.rollout.tables import Tables
 
+from openmanus_rl_env_openspiel import games
+
 __all__ = ["Table", "TABLES"]
 
 
 class Table(SeatedTable):
-    """One OpenSpiel game in play, its chance moves drawn from its own generator."""
+    """One OpenSpiel game in play, its chance moves drawn from its own generator; ``opening``: the most plies of a
+    random opening played before the seats move (:func:`.games.play_opening`, drawn from the task's number)."""
 
-    def __init__(self, game: Any, chance_seed: int):
+    def __init__(self, game: Any, chance_seed: int, opening: int = 0):
         super().__init__()
         self.state = game.new_initial_state()
         self.chance = random.Random(chance_seed)
-        self.play_chance()
+        games.play_opening(self.state, opening, random.Random(f"opening:{chance_seed}"), self.chance)
 
     @property
     def to_move(self) -> int:
@@ -37,18 +40,11 @@ class Table(SeatedTable):
     def finished(self) -> bool:
         return self.state.is_terminal()
 
-    def play_chance(self) -> None:
-        """Chance moves (the deal, the dice) until a player is to move, from the table's own generator."""
-        state = self.state
-        while state.is_chance_node():
-            outcomes, weights = zip(*state.chance_outcomes())
-            state.apply_action(self.chance.choices(outcomes, weights)[0])
-
     def play(self, action: int) -> None:
         """The player to move plays ``action``; chance follows; every waiting seat is woken."""
         with self.cond:
             self.state.apply_action(action)
-            self.play_chance()
+            games.play_chance(self.state, self.chance)
             self.cond.notify_all()
 
 

@@ -18,7 +18,8 @@ from openmanus_rl_core.plugin.manager import make_plugin_manager
 from openmanus_rl_core.plugin.registry import build
 from openmanus_rl_core.rollout import AgentLoop, RolloutConfig, expand_tasks
 from openmanus_rl_core.testing import ScriptedEngine
-from openmanus_rl_env_openspiel import OpenSpielEnv, hooks, tables
+from openmanus_rl_env_openspiel import OpenSpielEnv, games, hooks, tables
+from openmanus_rl_env_openspiel.env import NO_MOVE
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +37,11 @@ def random_replies(seed: int):
     return lambda prompt: f"<action>{rng.choice(legal(prompt))}</action>"
 
 
-def run(tokenizer, tasks, replies, mode="episodes", **kwargs):
+def run(tokenizer, tasks, replies, mode="episodes", rollout=(), **kwargs):
     template = build("template", {"name": "react", "kwargs": {}})
     env_kwargs = {"game": "kuhn_poker", "opponent": "self", **kwargs}
     loop = AgentLoop(ScriptedEngine(tokenizer, replies), tokenizer, template, lambda: OpenSpielEnv(**env_kwargs),
-                     RolloutConfig(max_turns=6, mode=mode, gen_wait_ms=5, max_new_tokens=32))
+                     RolloutConfig(max_turns=6, mode=mode, gen_wait_ms=5, max_new_tokens=32, **dict(rollout)))
     return loop.run(tasks)
 
 
@@ -93,12 +94,86 @@ def test_validation_rows_and_single_episodes_play_the_val_opponent():
     assert env._table is None and env.oracle_action() in [f"x({r},{c})" for r in range(3) for c in range(3)]
 
 
+def _moves(observation: str) -> list[str]:
+    """The moves an observation lists: the moves so far, or a finished game's moves."""
+    listed = re.search(r"Moves(?: so far)?: (.*)", observation).group(1)
+    return [] if listed == "none" else listed.split("; ")
+
+
+def replies_or_none(seed: int):
+    """Random legal moves, and the one reply there is where the game ended before the seat's first move."""
+    rng = random.Random(seed)
+    return lambda prompt: (f"<action>{rng.choice(legal(prompt))}</action>"
+                           if "Legal actions: " in prompt.rsplit("<|im_start|>user", 1)[-1] else "<action>none</action>")
+
+
+def test_training_games_open_with_random_moves_shared_by_a_group_and_validation_games_never(tokenizer):
+    tasks = expand_tasks([{"task_id": t, "seed": 0, "split": "train", "group_id": f"g{t}"} for t in range(16)], 4)
+    # the tokenizer is the Kuhn tests': a board takes many tokens, so room for whole observations
+    episodes = run(tokenizer, tasks, replies_or_none(2), rollout={"max_obs_tokens": 1024,
+                                                                 "max_response_tokens": 8192},
+                   game="tic_tac_toe", opening_moves=4)
+    assert all(e.trajectory.termination == "done" for e in episodes) and not tables.TABLES
+    openings = []
+    for t in range(16):
+        games_of_task = []
+        for game in range(2):
+            a, b = episodes[4 * t + 2 * game], episodes[4 * t + 2 * game + 1]
+            first = [_moves(e.trajectory.initial_observation) for e in (a, b)]
+            # the seat first to move after the opening sees the opening alone; the other sees it and that move
+            mover = 0 if len(first[0]) <= len(first[1]) else 1
+            opening = first[mover]
+            assert len(opening) % 2 == mover and first[1 - mover][:len(opening)] == opening
+            # the other seat's first view is one move on (or the game that move ended)
+            assert len(first[1 - mover]) == len(opening) + 1
+            # the opening's moves alternate from player 0, as a game's do
+            assert [m.split(":")[0] for m in opening] == [f"player {i % 2}" for i in range(len(opening))]
+            games_of_task.append(opening)
+        assert games_of_task[0] == games_of_task[1]  # a group's games open alike: its mean is the position's value
+        openings.append(tuple(games_of_task[0]))
+    assert {len(o) for o in openings} >= {0, 1, 2, 3} and max(len(o) for o in openings) <= 4
+    assert len(set(openings)) >= 12  # the tasks open differently
+    # validation and the warm-up's single episodes start from the game's first position
+    env = OpenSpielEnv(game="tic_tac_toe", opponent="self", opening_moves=4)
+    for t in range(6):
+        first = env.start_task({"task_id": t, "seed": 0, "split": "val", "group_id": "val:0", "sample_index": 0})
+        assert len(_moves(first)) == t % 2  # seat 1 sees the random opponent's first move only
+        assert len(_moves(env.reset(task_id=t))) == t % 2
+    # against fixed opponents, a training row opens the same way
+    fixed = OpenSpielEnv(game="tic_tac_toe", opponent="random", opening_moves=4)
+    seen = {len(_moves(fixed.start_task({"task_id": t, "seed": 0, "split": "train", "group_id": f"g{t}",
+                                         "sample_index": 0}))) for t in range(16)}
+    assert max(seen) >= 4
+
+
+def test_a_seat_whose_game_ended_before_it_moved_has_one_reply_that_decides_nothing():
+    env = OpenSpielEnv(game="tic_tac_toe", opponent="random", opening_moves=4)
+    for task in range(400):  # seat 1 (odd tasks) after an opening of 4: the random x may win at once
+        first = env.start_task({"task_id": 2 * task + 1, "seed": 0, "split": "train", "group_id": "g",
+                                "sample_index": 0})
+        if first.startswith("Game: tic_tac_toe. You are player 1 of 2.\nThe game is over."):
+            break
+    else:
+        pytest.fail("no opening of 400 let the opponent win before seat 1 moved")
+    assert len(_moves(first)) == 5 and env.action_choices() == [NO_MOVE]
+    result = env.step(NO_MOVE)
+    assert result.done and result.reward == -1.0 and env.action_choices() is None
+
+
+def test_an_opening_never_ends_the_game():
+    state = games.load("tic_tac_toe").new_initial_state()
+    played = games.play_opening(state, 20, random.Random(0), random.Random(0))
+    assert not state.is_terminal() and played == len(state.history()) >= 5
+    assert all(state.child(a).is_terminal() for a in state.legal_actions())  # it stopped where every move ends it
+
+
 @pytest.mark.parametrize("override, line", [
     ("env.kwargs.opponent=self env.kwargs.val_opponent=bot:minimax",
      r"^env\.kwargs\.val_opponent=bot:minimax: kuhn_poker: bot:minimax searches two-player zero-sum"),
     ("env.kwargs.opponent=pool env.kwargs.game=tic_tac_toe", r"^env\.kwargs\.opponent=pool: tic_tac_toe: a pool seat plays a stored table"),
     ("env.kwargs.opponent=[self]", r"^env\.kwargs\.opponent=\['self'\]: self plays every seat"),
     ("env.kwargs.seat_timeout_s=0", r"^env\.kwargs\.seat_timeout_s=0: must be a positive number"),
+    ("env.kwargs.opening_moves=-1", r"^env\.kwargs\.opening_moves=-1: must be a whole number of plies, 0 or more"),
 ])
 def test_bad_self_play_settings_are_one_line(override, line):
     with pytest.raises(ConfigError, match=line):
