@@ -84,7 +84,7 @@ def play_opening(state: Any, most: int, rng: random.Random, chance: random.Rando
     """A random opening (exploring starts): a number of plies drawn from ``0..most``, each a uniformly random legal
     move that does not end the game, all drawn from ``rng``; chance moves between them from ``chance``. Returns the
     plies played (fewer where every legal move would end the game)."""
-    plies = rng.randint(0, most) if most > 0 else 0
+    plies = rng.randint(0, most)
     played = 0
     while played < plies:
         play_chance(state, chance)

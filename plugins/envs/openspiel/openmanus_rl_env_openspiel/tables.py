@@ -26,7 +26,7 @@ class Table(SeatedTable):
     """One OpenSpiel game in play, its chance moves drawn from its own generator; ``opening``: the most plies of a
     random opening played before the seats move (:func:`.games.play_opening`, drawn from the task's number)."""
 
-    def __init__(self, game: Any, chance_seed: int, opening: int = 0):
+    def __init__(self, game: Any, chance_seed: int, opening: int):
         super().__init__()
         self.state = game.new_initial_state()
         self.chance = random.Random(chance_seed)
