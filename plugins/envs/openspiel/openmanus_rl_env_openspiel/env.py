@@ -359,7 +359,7 @@ class OpenSpielEnv:
         """A new game: its random opening (the same for every game of number ``chosen``), then chance and the
         opponents until the policy's seat is to move."""
         self.state = self.game.new_initial_state()
-        games.play_opening(self.state, opening, random.Random(f"opening:{chosen}"), self._chance)
+        games.play_opening(self.state, opening, chosen, self._chance)
         self._play_others()
 
     def _play_others(self) -> None:

@@ -80,10 +80,12 @@ def play_chance(state: Any, rng: random.Random) -> None:
         state.apply_action(rng.choices(outcomes, weights)[0])
 
 
-def play_opening(state: Any, most: int, rng: random.Random, chance: random.Random) -> int:
+def play_opening(state: Any, most: int, number: int, chance: random.Random) -> int:
     """A random opening (exploring starts): a number of plies drawn from ``0..most``, each a uniformly random legal
-    move that does not end the game, all drawn from ``rng``; chance moves between them from ``chance``. Returns the
-    plies played (fewer where every legal move would end the game)."""
+    move that does not end the game, all drawn from a generator seeded by the game's ``number`` (the task's), so
+    every game of that number opens alike; chance moves between them from ``chance``. Returns the plies played
+    (fewer where every legal move would end the game)."""
+    rng = random.Random(f"opening:{number}")
     plies = rng.randint(0, most)
     played = 0
     while played < plies:

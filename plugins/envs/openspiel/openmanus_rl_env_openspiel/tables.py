@@ -30,7 +30,7 @@ class Table(SeatedTable):
         super().__init__()
         self.state = game.new_initial_state()
         self.chance = random.Random(chance_seed)
-        games.play_opening(self.state, opening, random.Random(f"opening:{chance_seed}"), self.chance)
+        games.play_opening(self.state, opening, chance_seed, self.chance)
 
     @property
     def to_move(self) -> int:
