@@ -3,6 +3,7 @@ the same cards and the same choice (issue 54).
 
     openmanus-rl export trainer.checkpoint=<run dir or checkpoints/step_N> export.dir=<dir>
     python bench/leduc_policy.py <dir>
+    python bench/leduc_policy.py --values <dir>  # and what each action is worth to it, against itself
     python bench/leduc_policy.py --reference     # hand-written policies' exploitability, for scale
 
 ``<dir>`` is a Hugging Face folder written by ``openmanus-rl export`` (its ``omrl_export.json`` names the
@@ -14,6 +15,15 @@ the second round, the public one, ``pair`` where the ranks match) and by the leg
 facing a bet, ``Raise`` until the round's raises are used up); each group's line is the mean probability of each
 action's text over its states. The last line is OpenSpiel's exploitability of the whole policy, as the run's
 validation logs it.
+
+``--values`` adds what each action is worth in self-play: OpenSpiel's action values (``action_value``, a walk of
+the whole game tree with the policy in both seats) give the seat's expected chips after taking the action at the
+state and playing the policy from then on, against the policy. A group's value of an action is their mean over its
+states weighted by how often the policy reaches each (states it never reaches count for nothing), and a group's
+``reach`` is that weight: the chance that a game passes through one of its states, summed over them. Where an
+action the policy never takes is worth more than the ones it does, the policy gradient of a sampled action cannot
+find it (an action's expected gradient is its probability times its advantage); where it is worth less, the policy
+is right against itself and only exploitable by a stronger opponent.
 """
 
 from __future__ import annotations
@@ -91,10 +101,27 @@ def reference() -> None:
         print(f"| {name} | {exploitability.exploitability(spiel, table):.3f} |")
 
 
+def self_play_values(spiel, policy) -> dict[tuple[int, str], tuple[float, dict[int, float]]]:
+    """Each information state's reach (the chance a self-play game passes through it) and the seat's expected
+    chips after each legal action there, with ``policy`` (OpenSpiel's) in both seats."""
+    from open_spiel.python.algorithms import action_value
+
+    calculator = action_value.TreeWalkCalculator(spiel)
+    calculator.compute_all_states_action_values([policy] * spiel.num_players())
+    out = {}
+    for key, reach in calculator.info_state_prob.items():
+        values = calculator.weighted_action_values[key]
+        if reach > 0:
+            out[key] = (reach, {a: v[key[0]] / reach for a, v in values.items()})
+    return out
+
+
 def main(argv: list[str]) -> int:
     if argv == ["--reference"]:
         reference()
         return 0
+    with_values = argv[:1] == ["--values"]
+    argv = argv[1:] if with_values else argv
     if len(argv) != 1:
         raise SystemExit(__doc__.split("\n\n")[1])
     import torch
@@ -119,17 +146,32 @@ def main(argv: list[str]) -> int:
     with torch.no_grad():
         policy = ModelPolicy(spiel, game, tokenizer, template, env.instruction,
                              model_score(model, tokenizer.pad_token_id or 0)).build()
+    table = policy.as_openspiel()
+    values = self_play_values(spiel, table) if with_values else {}
     groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for (player, _), state in information_states(spiel).items():
+    worth: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for (player, key), state in information_states(spiel).items():
+        name = _group(state, player)
         for action, p in policy.action_probabilities(state, player).items():
-            groups[_group(state, player)][state.action_to_string(player, action)].append(p)
-    print(f"| cards; legal actions ({folder}) | " + " | ".join(ACTIONS) + " |")
-    print("|---|" + "---|" * len(ACTIONS))
+            groups[name][state.action_to_string(player, action)].append(p)
+        reach, action_values = values.get((player, key), (0.0, {}))
+        for action, v in action_values.items():
+            worth[name][state.action_to_string(player, action)].append((reach, v))
+    head = f"| cards; legal actions ({folder}) | " + " | ".join(ACTIONS)
+    if with_values:
+        head += " | reach | " + " | ".join(f"{a}: chips" for a in ACTIONS)
+    print(head + " |")
+    print("|---|" + "---|" * (len(ACTIONS) * (2 if with_values else 1) + with_values))
     for name in sorted(groups):
         probs = groups[name]
-        print(f"| {name} | " + " | ".join(f"{statistics.mean(probs[a]):.2f}" if a in probs else "-"
-                                          for a in ACTIONS) + " |")
-    print(f"exploitability {exploitability.exploitability(spiel, policy.as_openspiel()):.4f}")
+        line = f"| {name} | " + " | ".join(f"{statistics.mean(probs[a]):.2f}" if a in probs else "-" for a in ACTIONS)
+        if with_values:
+            reach = sum(r for r, _ in next(iter(worth[name].values()), []))
+            line += f" | {reach:.3f} | " + " | ".join(
+                f"{sum(r * v for r, v in worth[name][a]) / reach:+.2f}" if reach and a in worth[name] else "-"
+                for a in ACTIONS)
+        print(line + " |")
+    print(f"exploitability {exploitability.exploitability(spiel, table):.4f}")
     return 0
 
 

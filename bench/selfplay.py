@@ -45,6 +45,7 @@ ROWS = {
     "grpo": ("self-play + GRPO", []),
     "rae": ("self-play + RAE", ["algorithm.adv_estimator=rae"]),
     "gigpo": ("self-play + GiGPO", ["algorithm.adv_estimator=gigpo"]),
+    "state": ("self-play + state baseline", ["algorithm.adv_estimator=state_baseline"]),
     "random": ("vs random only", ["env.kwargs.opponent=random"]),
     "pool": ("vs the pool", ["env.kwargs.opponent=pool"]),
 }

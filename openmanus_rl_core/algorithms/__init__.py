@@ -1,20 +1,19 @@
 """RL algorithm kernels: advantage estimators, policy/value losses, KL penalties.
 
 Pure tensor functions in the style of verl's ``core_algos``: tensors in, tensors out, each documented with its
-formula and shapes (``advantages``, ``losses``, ``kl``; helpers in ``grouping``, ``discounting``). The registered
-entry points adapt them to a ``Batch``: the advantage estimators in ``estimators``, ``ppo_clip_loss`` in ``losses``.
+formula and shapes (``advantages``, those per turn in ``steps``, ``losses``, ``kl``; helpers in ``grouping``,
+``discounting``). The registered entry points adapt them to a ``Batch``: the advantage estimators in ``estimators``,
+``ppo_clip_loss`` in ``losses``.
 """
 
 from .advantages import (
     compute_gae,
-    compute_gigpo,
     compute_grpo,
     compute_rae,
     compute_reinforce_plus_plus,
     compute_rloo,
     discounted_returns,
     episode_index,
-    gigpo_step_advantages,
     group_index,
     grpo_sequence_advantages,
     rloo_sequence_advantages,
@@ -27,6 +26,7 @@ from .estimators import (
     rae_estimator,
     reinforce_plus_plus_estimator,
     rloo_estimator,
+    state_baseline_estimator,
 )
 from .kl import (
     KL_ESTIMATORS,
@@ -49,6 +49,7 @@ from .losses import (
     ppo_clip_loss,
     value_loss,
 )
+from .steps import compute_gigpo, compute_state_baseline, gigpo_step_advantages
 
 __all__ = [
     "KL_ESTIMATORS",
@@ -62,6 +63,7 @@ __all__ = [
     "compute_gigpo",
     "compute_grpo",
     "compute_rae",
+    "compute_state_baseline",
     "compute_reinforce_plus_plus",
     "compute_rloo",
     "discounted_returns",
@@ -85,6 +87,7 @@ __all__ = [
     "reinforce_plus_plus_estimator",
     "rloo_estimator",
     "rloo_sequence_advantages",
+    "state_baseline_estimator",
     "uses_reference",
     "value_loss",
 ]

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from ..batch import Batch
-from .advantages import (compute_gae, compute_gigpo, compute_grpo, compute_rae, compute_reinforce_plus_plus,
-                         compute_rloo)
+from .advantages import compute_gae, compute_grpo, compute_rae, compute_reinforce_plus_plus, compute_rloo
+from .steps import compute_gigpo, compute_state_baseline
 
 __all__ = [
     "gae_estimator",
@@ -27,6 +27,7 @@ __all__ = [
     "reinforce_plus_plus_estimator",
     "rloo_estimator",
     "self_imitation_estimator",
+    "state_baseline_estimator",
 ]
 
 
@@ -85,6 +86,18 @@ def rae_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]
     _need(batch, ("token_level_rewards", "response_mask", "roles"), "rae")
     adv = compute_rae(batch["token_level_rewards"], batch["response_mask"], batch["roles"], valid=batch.get("valid"),
                       episode_ids=batch.get("episode_ids"))
+    return adv, adv
+
+
+def state_baseline_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entry point ``state_baseline`` (each turn against the other turns of the batch at the same state). Batch:
+    tensors ``response_mask``, ``step_ids``; non_tensors ``anchor_obs``, ``step_rewards``, ``roles``.
+
+    cfg: ``gamma`` (1.0); other keys are ignored. Returns ``(advantages, advantages)``, ``[B, T]``."""
+    _need(batch, ("response_mask", "step_ids", "anchor_obs", "step_rewards", "roles"), "state_baseline")
+    adv = compute_state_baseline(
+        batch["response_mask"], batch["step_ids"], batch["step_rewards"], batch["anchor_obs"], batch["roles"],
+        gamma=float(_cfg(cfg, "gamma", 1.0)), valid=batch.get("valid"), episode_ids=batch.get("episode_ids"))
     return adv, adv
 
 

@@ -20,11 +20,11 @@ import torch
 
 from openmanus_rl_core.algorithms.advantages import (
     compute_gae,
-    compute_gigpo,
     compute_grpo,
     compute_reinforce_plus_plus,
     compute_rloo,
 )
+from openmanus_rl_core.algorithms.steps import compute_gigpo
 from openmanus_rl_core.batch import Batch
 from openmanus_rl_core.plugin.registry import registry
 
