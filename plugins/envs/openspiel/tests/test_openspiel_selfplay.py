@@ -258,3 +258,35 @@ def test_the_preset_refuses_a_rollout_self_play_cannot_run_in_one_line(override,
         load(["+experiment=kuhn_selfplay", *override.split()], training=True)
     assert "\n" not in str(err.value)
     load(["+experiment=kuhn_selfplay"], training=True)  # the preset itself passes
+
+
+def test_the_state_baseline_compares_each_seats_moves_at_the_same_information_state_across_deals(tokenizer):
+    """``algorithm.adv_estimator=state_baseline`` on real self-play episodes: a turn's baseline comes from the other
+    turns of its seat at the same observation, which is the seat's information state (its card and the moves so far),
+    so the first moves of one seat holding one card are compared with each other across deals."""
+    from openmanus_rl_core.plugin.registry import registry
+    from openmanus_rl_core.rollout.assembly import build_batch
+
+    tasks = expand_tasks([{"task_id": t, "seed": 0, "split": "train", "group_id": f"g{t}"} for t in range(16)], 4)
+    episodes = run(tokenizer, tasks, random_replies(5))
+    pm = make_plugin_manager(load_entry_points=False)
+    pm.register(hooks)
+    pm.hook.openmanus_rl_process_trajectories(trajectories=[e.trajectory for e in episodes], step=1)  # the roles
+    batch = build_batch(episodes, None, build("allocator", {"name": "last_token", "kwargs": {}}), pad_token_id=0)
+    adv = registry("advantage").get("state_baseline")(batch)[0]
+    firsts: dict[tuple, list[tuple[float, float]]] = {}  # (role, first observation) -> (return, advantage) of each
+    for i, e in enumerate(episodes):
+        obs = batch["anchor_obs"][i][0]
+        assert obs == e.trajectory.initial_observation and batch["roles"][i] == f"kuhn_poker:seat{i % 2}"
+        first_turn = batch["step_ids"][i] == 0
+        values = set(adv[i][first_turn].tolist())
+        assert len(values) == 1  # one advantage on every token of the turn
+        firsts.setdefault((batch["roles"][i], obs), []).append((e.trajectory.env_reward, values.pop()))
+    # seat 0 opens with one of three cards and no moves: three states, each seen in several deals
+    seat0 = {obs: turns for (role, obs), turns in firsts.items() if role.endswith("seat0")}
+    assert len(seat0) == 3 and all(len(turns) >= 4 for turns in seat0.values())
+    for turns in seat0.values():  # each return against the mean of the others at the same state
+        returns = [r for r, _ in turns]
+        for k, (r, a) in enumerate(turns):
+            others = returns[:k] + returns[k + 1:]
+            assert a == pytest.approx(r - sum(others) / len(others))
