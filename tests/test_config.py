@@ -53,6 +53,8 @@ def test_a_bad_value_is_one_line_and_exit_2_before_anything_starts(override, mes
                         "rollout.n >= 2"),
     (["algorithm=ppo", "algorithm.use_critic=false"], "algorithm.use_critic=False: algorithm.adv_estimator=gae "
                                                       "reads values and needs algorithm.use_critic=true"),
+    (["algorithm.adv_estimator=state_baseline", "algorithm.use_kl_in_reward=true"],
+     "algorithm.use_kl_in_reward=true: algorithm.adv_estimator=state_baseline reads each turn's reward"),
     (["rollout.max_new_tokens=600"], "rollout.max_new_tokens=600: one reply cannot exceed "
                                      "rollout.max_response_tokens=512"),
     (["trainer.device=tpu"], "trainer.device=tpu: allowed values are auto, cpu, cuda"),

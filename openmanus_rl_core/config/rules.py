@@ -26,6 +26,13 @@ def _rule_critic(c: Config) -> str | None:
     return None
 
 
+def _rule_turn_rewards(c: Config) -> str | None:
+    if c.algorithm.adv_estimator == "state_baseline" and c.algorithm.use_kl_in_reward:
+        return ("algorithm.use_kl_in_reward=true: algorithm.adv_estimator=state_baseline reads each turn's reward, "
+                "which the KL penalty on the tokens' rewards does not reach; use algorithm.use_kl_loss=true instead")
+    return None
+
+
 def _rule_reply_budget(c: Config) -> str | None:
     if c.rollout.max_new_tokens > c.rollout.max_response_tokens:
         return (f"rollout.max_new_tokens={c.rollout.max_new_tokens}: one reply cannot exceed "
@@ -124,6 +131,6 @@ def _rule_constrained_engine(c: Config) -> str | None:
 
 
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
-RULES = (_rule_group_size, _rule_critic, _rule_reply_budget, _rule_sample_budget, _rule_correction,
+RULES = (_rule_group_size, _rule_critic, _rule_turn_rewards, _rule_reply_budget, _rule_sample_budget, _rule_correction,
          _rule_replicate_precision, _rule_overlap_update, _rule_model_folders, _rule_ref_reset,
          _rule_agent, _rule_constrained_engine)
