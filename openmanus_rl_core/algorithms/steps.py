@@ -277,8 +277,8 @@ def compute_state_baseline(
         done = torch.zeros(E * S, dtype=torch.bool, device=device)
         turn = torch.arange(S, device=device).expand(E, S)
         for key in (codes * R + rid.unsqueeze(1), turn * R + rid.unsqueeze(1)):  # the state, then the turn index
-            key = torch.unique(key.flatten(), return_inverse=True)[1]
-            counts = torch.zeros(int(key.max()) + 1, dtype=torch.float64, device=device).index_add_(0, key, w)
+            key, K = group_index(key.flatten(), E * S, device)
+            counts = torch.zeros(K, dtype=torch.float64, device=device).index_add_(0, key, w)
             sums = torch.zeros_like(counts).index_add_(0, key, returns * w)
             others = counts[key] - w
             use = (w > 0) & (others > 0) & ~done
