@@ -46,6 +46,7 @@ ROWS = {
     "rae": ("self-play + RAE", ["algorithm.adv_estimator=rae"]),
     "gigpo": ("self-play + GiGPO", ["algorithm.adv_estimator=gigpo"]),
     "state": ("self-play + state baseline", ["algorithm.adv_estimator=state_baseline"]),
+    "table": ("self-play + value table", ["algorithm.adv_estimator=value_table"]),
     "random": ("vs random only", ["env.kwargs.opponent=random"]),
     "pool": ("vs the pool", ["env.kwargs.opponent=pool"]),
 }

@@ -13,7 +13,9 @@ reward         ``openmanus_rl.rewards``      a :class:`RewardComponent` class, o
                                              ``compute_score(solution_str, ground_truth, **kw)``
 template       ``openmanus_rl.templates``    an :class:`ActionTemplate` class
 allocator      ``openmanus_rl.allocators``   an :class:`Allocator` class or function
-advantage      ``openmanus_rl.advantages``   ``estimator(batch, **cfg) -> (advantages, returns)``
+advantage      ``openmanus_rl.advantages``   ``estimator(batch, **cfg) -> (advantages, returns)``, or a class
+                                             whose instance (one a run) is that; its ``state_dict()`` and
+                                             ``load_state_dict(state)``, if it has them, ride in the checkpoint
 loss           ``openmanus_rl.losses``       ``loss(old_logprob, logprob, advantages, mask, **cfg)``
 engine         ``openmanus_rl.engines``      a :class:`RolloutEngine` class
 memory         ``openmanus_rl.memories``     a :class:`Memory` class

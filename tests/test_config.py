@@ -55,6 +55,8 @@ def test_a_bad_value_is_one_line_and_exit_2_before_anything_starts(override, mes
                                                       "reads values and needs algorithm.use_critic=true"),
     (["algorithm.adv_estimator=state_baseline", "algorithm.use_kl_in_reward=true"],
      "algorithm.use_kl_in_reward=true: algorithm.adv_estimator=state_baseline reads each turn's reward"),
+    (["algorithm.adv_estimator=value_table", "algorithm.use_kl_in_reward=true"],
+     "algorithm.use_kl_in_reward=true: algorithm.adv_estimator=value_table reads each turn's reward"),
     (["rollout.max_new_tokens=600"], "rollout.max_new_tokens=600: one reply cannot exceed "
                                      "rollout.max_response_tokens=512"),
     (["trainer.device=tpu"], "trainer.device=tpu: allowed values are auto, cpu, cuda"),
@@ -164,6 +166,7 @@ READ_AS_A_WHOLE = {
     "algorithm.norm_by_std": "the estimator's kwargs (Trainer.phase_advantages)",
     "algorithm.epsilon": "the estimator's kwargs", "algorithm.step_weight": "the estimator's kwargs",
     "algorithm.gamma": "the estimator's kwargs", "algorithm.lam": "the estimator's kwargs",
+    "algorithm.value_window": "the estimator's kwargs",
 }
 
 

@@ -27,9 +27,10 @@ def _rule_critic(c: Config) -> str | None:
 
 
 def _rule_turn_rewards(c: Config) -> str | None:
-    if c.algorithm.adv_estimator == "state_baseline" and c.algorithm.use_kl_in_reward:
-        return ("algorithm.use_kl_in_reward=true: algorithm.adv_estimator=state_baseline reads each turn's reward, "
-                "which the KL penalty on the tokens' rewards does not reach; use algorithm.use_kl_loss=true instead")
+    if c.algorithm.adv_estimator in ("state_baseline", "value_table") and c.algorithm.use_kl_in_reward:
+        return (f"algorithm.use_kl_in_reward=true: algorithm.adv_estimator={c.algorithm.adv_estimator} reads each "
+                "turn's reward, which the KL penalty on the tokens' rewards does not reach; use "
+                "algorithm.use_kl_loss=true instead")
     return None
 
 

@@ -110,8 +110,10 @@ class AlgorithmConfig:
     norm_by_std: bool = opt(True, "grpo/gigpo: divide by the group's reward std")
     epsilon: float = opt(1.0e-6, "grpo/gigpo: added to the std", gt=0)
     step_weight: float = opt(1.0, "gigpo: weight of the step-level advantage")
-    gamma: float = opt(1.0, "discount (gae, reinforce_plus_plus, gigpo steps, state_baseline)", ge=0)
-    lam: float = opt(1.0, "gae: lambda", ge=0)
+    gamma: float = opt(1.0, "discount (gae, reinforce_plus_plus, gigpo steps, state_baseline, value_table)", ge=0)
+    lam: float = opt(1.0, "gae and value_table: lambda", ge=0)
+    value_window: int = opt(64, "value_table: a state's value is the mean of about its last N returns (step size "
+                                "1 / min(visits, N))", ge=1)
     use_critic: bool = opt(False, "train a value model (CriticWorker); needs an estimator that uses values")
     policy_loss: str = opt("ppo_clip", "policy loss (registry `openmanus_rl.losses`)")
     loss_cfg: Dict[str, Any] = opt({"clip_low": 0.2, "clip_high": 0.28, "clip_c": None, "agg_mode": "token-mean"},

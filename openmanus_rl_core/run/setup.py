@@ -136,7 +136,8 @@ def setup(trainer: Any) -> None:
     trainer.allocator = build("allocator", cfg.allocator)
     trainer.algo = algo = cfg.algorithm
     trainer.n = cfg.rollout.n
-    trainer.estimator = registry("advantage").get(algo.adv_estimator)
+    estimator = registry("advantage").get(algo.adv_estimator)
+    trainer.estimator = estimator() if isinstance(estimator, type) else estimator  # a class: one instance a run
     trainer.use_critic = algo.use_critic
     # Old log-probs of the PPO ratio: auto (recomputed by the actor only when the update is off-policy within
     # a step), true (always recomputed), false (never), rollout (the engine's sampling log-probs).

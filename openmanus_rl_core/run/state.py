@@ -14,7 +14,8 @@ from openmanus_rl_core.rewards.callables import RECORD_KEY, record
 
 def save(trainer: Any, step: int) -> Path:
     """A checkpoint of ``trainer`` after ``step``: workers' weights, optimizers and RNGs, the sampler, the stream's
-    groups in flight, what the hook plugins keep (:func:`plugin_states`), and the run's config; returns its folder."""
+    groups in flight, the advantage estimator's state (if it keeps one), what the hook plugins keep
+    (:func:`plugin_states`), and the run's config; returns its folder."""
     from openmanus_rl_core.checkpoint.rng import capture_rng_state
     from openmanus_rl_core.checkpoint.store import save_checkpoint
 
@@ -37,6 +38,8 @@ def save(trainer: Any, step: int) -> Path:
         state["ref_model"] = actor_states[0]["ref_model"]
     if trainer.stream is not None:
         state["stream"] = trainer.stream.state_dict()
+    if hasattr(trainer.estimator, "state_dict"):  # an estimator that learns over the run (a value table)
+        state["estimator"] = trainer.estimator.state_dict()
     plugins = plugin_states(trainer, step)
     if plugins:
         state["plugins"] = plugins
@@ -82,6 +85,8 @@ def restore(trainer: Any, path: Path, state: dict | None = None) -> int:
     restore_rng_state(state["rng"]["driver"])
     trainer.policy_version = int(t.get("policy_version", t["step"]))
     trainer._stream_state = state.get("stream")
+    if "estimator" in state:
+        trainer.estimator.load_state_dict(state["estimator"])
     trainer.pm.hook.openmanus_rl_checkpoint_restore(cfg=trainer.cfg, run_dir=str(trainer.run_dir), step=int(t["step"]),
                                                     state=dict(state.get("plugins") or {}))
     # Every rollout tags its tokens with the engine's policy version (the stream's staleness, the rollout dumps).

@@ -7,20 +7,9 @@ import pytest
 import torch
 
 from openmanus_rl_core.algorithms import compute_state_baseline
-from openmanus_rl_core.batch import Batch
 from openmanus_rl_core.plugin.registry import registry
 
-
-def _batch(step_rewards, anchor_obs, roles, turn_tokens=2):
-    """One row an episode: each turn ``turn_tokens`` reply tokens, then one observation token (step id -1)."""
-    B, S = len(anchor_obs), max(map(len, anchor_obs))
-    step_ids = torch.full((B, S * (turn_tokens + 1)), -1, dtype=torch.long)
-    for i, obs in enumerate(anchor_obs):
-        for k in range(len(obs)):
-            step_ids[i, k * (turn_tokens + 1):k * (turn_tokens + 1) + turn_tokens] = k
-    mask = (step_ids >= 0).float()
-    return Batch(tensors={"response_mask": mask, "step_ids": step_ids},
-                 non_tensors={"step_rewards": step_rewards, "anchor_obs": anchor_obs, "roles": roles})
+from .turns import turn_batch as _batch
 
 
 def test_each_turn_is_compared_with_the_other_turns_at_its_state_across_tasks():

@@ -1,8 +1,9 @@
 """``opponent=pool`` across a kill -9, as every run: with nothing set, the pool lives in the run's folder and in each
-checkpoint; a run killed after a checkpoint and resumed logs the same history up to the kill, finds exactly the
-checkpoint's snapshots (byte for byte, whatever happened to the folder since), takes the later ones again, averages
-the policies the checkpoint kept with the later ones (``val/exploitability_average`` as before the kill), and its
-rollout dumps hold each seat's samples with the seat named."""
+checkpoint, as is the table of ``algorithm.adv_estimator=value_table``; a run killed after a checkpoint and resumed
+logs the same history up to the kill, finds exactly the checkpoint's snapshots (byte for byte, whatever happened to
+the folder since), takes the later ones again, averages the policies the checkpoint kept with the later ones
+(``val/exploitability_average`` as before the kill), and its rollout dumps hold each seat's samples with the seat
+named."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ SETTINGS = ["+experiment=kuhn_selfplay", "env.kwargs.opponent=pool", "env.kwargs
             "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400", "data.train_batch_size=2",
             "algorithm.n=2", "env.train_tasks=32", "env.val_tasks=4", "model.corpus_tasks=8", "warmup.steps=60",
             "warmup.num_demos=64", "warmup.validate=false", "trainer.save_rollouts=true", "rollout.env_workers=1",
-            "rollout.gen_wait_ms=5000", "rollout.top_k=2"]
+            "rollout.gen_wait_ms=5000", "rollout.top_k=2",
+            # the one estimator with state (its table of state values): resumed from the checkpoint as the pool is
+            "algorithm.adv_estimator=value_table", "algorithm.lam=0.5"]
 WALL_CLOCK = ("timing/", "perf/", "time/", "rollout/time_s", "rollout/episodes_per_s", "rollout/turns_per_s",
               "rollout/tokens_per_s")
 
@@ -64,6 +67,12 @@ def test_a_pool_run_killed_with_sigkill_resumes_with_its_history_its_pool_and_na
     kept = load_checkpoint(run / "checkpoints" / "step_000004", keys=["plugins"])["plugins"]
     assert kept[hooks.CHECKPOINT_KEY] == {"snapshots": {s: before[s] for s in range(5)}}
     assert list(kept[hooks.AVERAGE_KEY]["tables"]) == [1, 2, 3, 4]  # the average policy's, after the warm-up
+    values = load_checkpoint(run / "checkpoints" / "step_000004", keys=["estimator"])["estimator"]
+    # every first move of 4 steps (4 episodes a step, one a seat of a task's two games): the resumed steps'
+    # advantages read these values, so a table lost on resume would change the history from step 5 on
+    assert sorted((role, turn) for role, turn, _, _ in values["turns"] if turn == 0) == [
+        ("kuhn_poker:seat0", 0), ("kuhn_poker:seat1", 0)]
+    assert sum(visits for _, turn, _, visits in values["turns"] if turn == 0) == 4 * 4
 
     # after the kill the folder loses a snapshot the resumed steps draw from, and another one is altered
     (run / "pool" / "step_3.json").unlink()
@@ -98,3 +107,4 @@ def test_a_pool_run_killed_with_sigkill_resumes_with_its_history_its_pool_and_na
         dump = pq.read_table(run / "rollouts" / f"step_{step:06d}.parquet").to_pydict()
         assert sorted(dump["role"]) == ["kuhn_poker:seat0"] * 2 + ["kuhn_poker:seat1"] * 2, step
         assert all(g.endswith("|" + r) for g, r in zip(dump["group_id"], dump["role"]))
+

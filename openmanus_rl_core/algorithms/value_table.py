@@ -1,0 +1,110 @@
+"""A table of state values kept over the run: a critic without a network, for envs whose observations repeat (a
+game's information states, a grid world's cells).
+
+Per-turn advantages need a value for each state a turn acted on. A value model learns one from text, and on a
+small budget it learns little more than the mean; a batch's own turns at the same state (``state_baseline``) are
+too few where states repeat across steps more than within one. This table keeps, for each role and observation,
+the running mean of the returns that followed it over the steps so far, and takes TD(lambda) advantages over the
+episode's turns against it:
+
+    V(s)    = the table's value of the turn's (role, observation); where that state was never seen, the role's value
+              at the same turn index; where that too was never seen, 0
+    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k)                 (V = 0 after the last turn)
+    A_k     = sum_{k' >= k} (gamma * lam)^(k' - k) delta_{k'}    (lam = 1: the return against V(s_k))
+
+With ``lam`` below 1, a move is credited with what changed between the state it acted on and the next state the
+role saw, rather than with the whole game's result: a move that leaves a win open shows it at once. The values
+come from earlier steps only (a sample's own return is never in its baseline); this step's returns then update
+them, a state's mean over its last ``window`` visits (step size ``1 / min(visits, window)``: the policy moves, so
+old returns fade). The table is the estimator's state and lives in the run's checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .discounting import _reverse_discounted_cumsum
+from .grouping import _bool, _check_discount, _float_dtype, _take, _valid_rows, episode_index
+from .steps import _step_inputs, _turns_to_tokens
+
+__all__ = ["ValueTable"]
+
+
+class ValueTable:
+    """Entry point ``value_table`` (module docstring). Batch: tensors ``response_mask``, ``step_ids``; non_tensors
+    ``anchor_obs``, ``step_rewards``, ``roles``. cfg: ``gamma``, ``lam``, ``value_window`` (algorithm.*). One
+    instance per run: call it like an estimator function; ``state_dict`` / ``load_state_dict`` carry the table
+    through a checkpoint."""
+
+    def __init__(self) -> None:
+        self.states: dict[tuple[str, str], list[float]] = {}  # (role, observation) -> [mean return, visits]
+        self.turns: dict[tuple[str, int], list[float]] = {}  # (role, turn index) -> [mean return, visits]
+
+    def __call__(self, batch: Any, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        batch.require("response_mask", "step_ids", "anchor_obs", "step_rewards", "roles",
+                      who="advantage estimator 'value_table'")
+        adv = self.advantages(batch["response_mask"], batch["step_ids"], batch["step_rewards"], batch["anchor_obs"],
+                              batch["roles"], gamma=cfg["gamma"], lam=cfg["lam"], window=cfg["value_window"],
+                              valid=batch.get("valid"), episode_ids=batch.get("episode_ids"))
+        return adv, adv
+
+    @torch.no_grad()
+    def advantages(self, response_mask: torch.Tensor, step_ids: torch.Tensor, step_rewards: Any, anchor_obs: Any,
+                   roles: Any, gamma: float, lam: float, window: int, valid: Any = None,
+                   episode_ids: Any = None) -> torch.Tensor:
+        """``[B, T]`` advantages of a batch against the table, then the table updated with the batch's returns.
+        Inputs as in :func:`~.steps.compute_state_baseline`; samples not ``valid`` get 0 and leave the table as it
+        was."""
+        if int(window) < 1:
+            raise ValueError(f"value_window must be at least 1, got {window!r}")
+        gamma, lam = _check_discount("gamma", gamma), _check_discount("lam", lam)
+        m = _bool(response_mask)
+        device = response_mask.device
+        B = m.shape[0]
+        labels = ["" if r is None else str(r) for r in roles]
+        sample_valid = _valid_rows(valid, B, device)
+        row_episode = None
+        if episode_ids is not None:  # turn samples: each episode's turns counted once
+            row_episode, _, first = episode_index(episode_ids, B, device)
+            step_rewards, anchor_obs, labels = _take(step_rewards, first), _take(anchor_obs, first), _take(labels, first)
+            sample_valid = None if sample_valid is None else sample_valid[first]
+        observations = [list(row) for row in anchor_obs]
+        _, rewards, steps = _step_inputs(observations, step_rewards, len(labels), device)
+        E, S = steps.shape
+        counted = steps if sample_valid is None else steps & sample_valid.unsqueeze(1)
+        values = torch.tensor([[self._value(labels[e], k, obs[k]) if k < len(obs) else 0.0 for k in range(S)]
+                               for e, obs in enumerate(observations)], dtype=torch.float64).reshape(E, S).to(device)
+        following = torch.nn.functional.pad(values[:, 1:], (0, 1))  # V(s_{k+1}); 0 after the last turn
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        delta = torch.where(steps, rewards + gamma * following - values, zero)
+        adv = torch.where(counted, _reverse_discounted_cumsum(delta, gamma * lam), zero)
+        returns = _reverse_discounted_cumsum(rewards, gamma)
+        for e, k in counted.nonzero().tolist():
+            self._visit(self.states, (labels[e], str(observations[e][k])), float(returns[e, k]), int(window))
+            self._visit(self.turns, (labels[e], k), float(returns[e, k]), int(window))
+        num_steps = steps.sum(-1)
+        if row_episode is not None:
+            adv, num_steps = adv[row_episode], num_steps[row_episode]
+        token_adv = _turns_to_tokens(adv, num_steps, step_ids)
+        return torch.where(m, token_adv, zero).to(_float_dtype(response_mask))
+
+    def _value(self, role: str, turn: int, observation: Any) -> float:
+        found = self.states.get((role, str(observation))) or self.turns.get((role, turn))
+        return found[0] if found else 0.0
+
+    @staticmethod
+    def _visit(table: dict, key: tuple, ret: float, window: int) -> None:
+        entry = table.setdefault(key, [0.0, 0])
+        entry[1] += 1
+        entry[0] += (ret - entry[0]) / min(entry[1], window)
+
+    def state_dict(self) -> dict[str, list]:
+        """The table as lists (``[role, observation or turn index, mean, visits]`` rows), for a checkpoint."""
+        return {"states": [[r, o, v, n] for (r, o), (v, n) in self.states.items()],
+                "turns": [[r, k, v, n] for (r, k), (v, n) in self.turns.items()]}
+
+    def load_state_dict(self, state: dict[str, list]) -> None:
+        self.states = {(str(r), str(o)): [float(v), int(n)] for r, o, v, n in state["states"]}
+        self.turns = {(str(r), int(k)): [float(v), int(n)] for r, k, v, n in state["turns"]}
