@@ -15,7 +15,9 @@ template       ``openmanus_rl.templates``    an :class:`ActionTemplate` class
 allocator      ``openmanus_rl.allocators``   an :class:`Allocator` class or function
 advantage      ``openmanus_rl.advantages``   ``estimator(batch, **cfg) -> (advantages, returns)``, or a class
                                              whose instance (one a run) is that; its ``state_dict()`` and
-                                             ``load_state_dict(state)``, if it has them, ride in the checkpoint
+                                             ``load_state_dict(state)``, if it has them, ride in the checkpoint;
+                                             ``reads_turn_rewards = True``: it reads ``step_rewards``, so the KL
+                                             reward penalty (on tokens) is refused with it
 loss           ``openmanus_rl.losses``       ``loss(old_logprob, logprob, advantages, mask, **cfg)``
 engine         ``openmanus_rl.engines``      a :class:`RolloutEngine` class
 memory         ``openmanus_rl.memories``     a :class:`Memory` class

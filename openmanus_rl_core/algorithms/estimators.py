@@ -101,6 +101,9 @@ def state_baseline_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, to
     return adv, adv
 
 
+state_baseline_estimator.reads_turn_rewards = True  # its returns are the turns' rewards (config rule)
+
+
 def rloo_estimator(batch: Batch, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Entry point ``rloo``. Batch: tensors ``token_level_rewards``, ``response_mask``; non_tensors ``group_ids``.
 

@@ -9,7 +9,8 @@ episode's turns against it:
 
     V(s)    = the table's value of the turn's (role, observation); where that state was never seen, the role's value
               at the same turn index; where that too was never seen, 0
-    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k)                 (V = 0 after the last turn)
+    delta_k = r_k + gamma * V(s_{k+1}) - V(s_k)                 (V = 0 after the last turn, as after a game's end;
+                                                                  an episode cut at max_turns is read as ended)
     A_k     = sum_{k' >= k} (gamma * lam)^(k' - k) delta_{k'}    (lam = 1: the return against V(s_k))
 
 With ``lam`` below 1, a move is credited with what changed between the state it acted on and the next state the
@@ -37,6 +38,8 @@ class ValueTable:
     ``anchor_obs``, ``step_rewards``, ``roles``. cfg: ``gamma``, ``lam``, ``value_window`` (algorithm.*). One
     instance per run: call it like an estimator function; ``state_dict`` / ``load_state_dict`` carry the table
     through a checkpoint."""
+
+    reads_turn_rewards = True  # its returns are the turns' rewards (the KL reward penalty is on tokens)
 
     def __init__(self) -> None:
         self.states: dict[tuple[str, str], list[float]] = {}  # (role, observation) -> [mean return, visits]

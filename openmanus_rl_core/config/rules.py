@@ -27,11 +27,15 @@ def _rule_critic(c: Config) -> str | None:
 
 
 def _rule_turn_rewards(c: Config) -> str | None:
-    if c.algorithm.adv_estimator in ("state_baseline", "value_table") and c.algorithm.use_kl_in_reward:
-        return (f"algorithm.use_kl_in_reward=true: algorithm.adv_estimator={c.algorithm.adv_estimator} reads each "
-                "turn's reward, which the KL penalty on the tokens' rewards does not reach; use "
-                "algorithm.use_kl_loss=true instead")
-    return None
+    if not c.algorithm.use_kl_in_reward:
+        return None
+    from openmanus_rl_core.plugin.registry import registry
+
+    estimators, name = registry("advantage"), c.algorithm.adv_estimator
+    if name not in estimators.names() or not getattr(estimators.get(name), "reads_turn_rewards", False):
+        return None  # an unknown estimator is named where it is built
+    return (f"algorithm.use_kl_in_reward=true: algorithm.adv_estimator={name} reads each turn's reward, which the KL "
+            "penalty on the tokens' rewards does not reach; use algorithm.use_kl_loss=true instead")
 
 
 def _rule_reply_budget(c: Config) -> str | None:
