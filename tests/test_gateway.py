@@ -164,14 +164,20 @@ def test_a_batch_closes_once_every_running_agent_has_asked_and_waits_a_gap_for_o
     keys = [gw.open_episode({"task_id": i}) for i in range(3)]
 
     def ask(keys):
-        threads = [threading.Thread(target=lambda k=k: openai.OpenAI(base_url=gw.base_url, api_key=k, max_retries=0)
-                                    .chat.completions.create(model="omrl-policy", messages=[{"role": "user",
-                                                                                             "content": "hi"}]))
-                   for k in keys]
-        t0 = time.monotonic()
+        # The clients are built first and the requests leave together (a barrier): building a client can take longer
+        # than the gap on a loaded machine, and a request that left late would rightly close a batch of its own.
+        clients = [openai.OpenAI(base_url=gw.base_url, api_key=k, max_retries=0) for k in keys]
+        start = threading.Barrier(len(keys) + 1)
+
+        def post(client):
+            start.wait()
+            client.chat.completions.create(model="omrl-policy", messages=[{"role": "user", "content": "hi"}])
+
+        threads = [threading.Thread(target=post, args=(c,)) for c in clients]
         for t in threads:
             t.start()
-            time.sleep(0.05)
+        start.wait()
+        t0 = time.monotonic()
         for t in threads:
             t.join()
         return time.monotonic() - t0
@@ -181,9 +187,9 @@ def test_a_batch_closes_once_every_running_agent_has_asked_and_waits_a_gap_for_o
     assert ask(keys) < 3.0 and gw.batcher.engine.batches == [3]
     gw.agent_running(keys[2], False)  # an agent that ended is not waited for
     assert ask(keys[:2]) < 3.0 and gw.batcher.engine.batches == [3, 2]
-    gw.batcher.wait_s = 0.3
-    gw.agent_running(keys[2], True)  # running, but not asking: the batch closes after a gap of 0.3 s
-    assert ask(keys[:2]) >= 0.3 and gw.batcher.engine.batches == [3, 2, 2]
+    gw.batcher.wait_s = 1.0
+    gw.agent_running(keys[2], True)  # running, but not asking: the batch closes after a gap of 1 s
+    assert ask(keys[:2]) >= 1.0 and gw.batcher.engine.batches == [3, 2, 2]
 
 
 def test_a_tool_call_comes_back_in_openais_shape_and_renders_back_into_the_next_prompt(gateway, tok):
