@@ -66,7 +66,7 @@ def run(memory_name: str, args, seed: int) -> dict:
     model.train()
     t0 = time.perf_counter()
     for i in range(len(batch)):  # one sample at a time: the memory a micro-batch of one needs
-        logp, _ = sequence_logprobs(model, batch[i:i + 1], 1.0)
+        logp = sequence_logprobs(model, batch[i:i + 1], 1.0)[0]
         (logp * batch["response_mask"][i:i + 1]).sum().backward()
     train_s = time.perf_counter() - t0
     n = len(episodes)

@@ -4,6 +4,8 @@ freely; an env whose ``action_choices`` fails or answers nonsense ends only its 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -190,8 +192,8 @@ def test_the_actor_reads_the_policy_the_engine_sampled_from_the_model_over_the_a
     batch = build_batch(episodes, None, lambda total, turns, segments, n: [0.0] * n, 0)
     mask, forced = batch["response_mask"].bool(), batch["forced"].bool()
     with torch.no_grad():
-        logp, ent = sequence_logprobs(model, batch, with_entropy=True)
-        full, full_ent = sequence_logprobs(model, batch.select([k for k in batch.tensors if k != "choice_ids"]),
+        logp, ent, _ = sequence_logprobs(model, batch, with_entropy=True)
+        full, full_ent, _ = sequence_logprobs(model, batch.select([k for k in batch.tensors if k != "choice_ids"]),
                                            with_entropy=True)
     assert float((logp - batch["rollout_log_probs"])[mask].abs().max()) < 1e-5
     assert (logp[forced] == 0).all() and (ent[forced].abs() < 1e-6).all()
@@ -200,6 +202,30 @@ def test_the_actor_reads_the_policy_the_engine_sampled_from_the_model_over_the_a
     assert (ent[chose] <= sizes[chose].float().log() + 1e-5).all()
     assert (full[chose] < logp[chose] - 1e-3).all() and (full_ent[chose] > ent[chose]).all()
     assert math.isclose(float(ent[~mask].abs().sum()), float(full_ent[~mask].abs().sum()), abs_tol=1e-4)
+
+
+def test_the_kl_to_the_reference_over_the_allowed_tokens_pulls_each_by_its_probability_less_the_references():
+    """``choice_kl``: KL(reference || policy) over the tokens a constraint allowed, exact at each choice. Its gradient
+    on an allowed logit is ``p - p_ref``, which stays near ``-p_ref`` on a token the policy has nearly dropped,
+    where the entropy's gradient has vanished. A free position reads 0 and pulls nothing."""
+    from openmanus_rl_core.algorithms import choice_kl
+    from openmanus_rl_core.workers.logprobs import _response_logprobs
+
+    logits = torch.tensor([[[0.0, 2.0, 0.5, -3.0, 1.0], [0.3, -1.0, 0.0, 2.0, 1.0]]], requires_grad=True)
+    ref_logits = torch.tensor([[[0.0, 0.1, 0.0, 0.2, -0.1], [0.0] * 5]])
+    choices = torch.tensor([[[1, 3, 4], [-1, -1, -1]]])
+    logp, ent, over = _response_logprobs(logits, torch.tensor([[1, 2]]), 1.0, True, choices, with_choices=True)
+    ref = _response_logprobs(ref_logits, torch.tensor([[1, 2]]), 1.0, False, choices, with_choices=True)[2]
+    kl = choice_kl(over, ref, choices)
+    p, q = (torch.softmax(torch.tensor(z), -1) for z in ([2.0, -3.0, 1.0], [0.1, 0.2, -0.1]))
+    assert torch.allclose(over.detach()[0, 0], p.log()) and float(over.detach()[0, 1].abs().sum()) == 0.0
+    assert math.isclose(float(kl.detach()[0, 0]), float((q * (q.log() - p.log())).sum()), rel_tol=1e-5)
+    assert float(kl.detach()[0, 1]) == 0.0 and math.isclose(float(logp.detach()[0, 0]), float(p[0].log()), rel_tol=1e-5)
+    (grad,) = torch.autograd.grad(kl.sum(), logits, retain_graph=True)
+    assert torch.allclose(grad[0, 0, [1, 3, 4]], p - q, atol=1e-6)
+    assert float(grad[0, 0, [0, 2]].abs().sum()) == 0.0 and float(grad[0, 1].abs().sum()) == 0.0
+    (ent_grad,) = torch.autograd.grad(ent[0, 0], logits)
+    assert float(p[1]) < 0.01 and abs(float(ent_grad[0, 0, 3])) < 0.05 < 0.3 < abs(float(grad[0, 0, 3]))
 
 
 @pytest.mark.vllm

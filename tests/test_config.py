@@ -65,6 +65,7 @@ def test_a_bad_value_is_one_line_and_exit_2_before_anything_starts(override, mes
     (["+trainer.loggerz=[]"], "trainer.loggerz: unknown key; did you mean trainer.loggers?"),
     (["actr.lr=1"], "actr.lr=1: unknown key; did you mean actor.lr"),
     (["algorithm.ref_reset_steps=10"], "algorithm.ref_reset_steps=10: it moves the KL term's reference, and no KL"),
+    (["algorithm.choice_kl_coeff=0.1"], "algorithm.choice_kl_coeff=0.1: it acts where a constraint chose the reply's"),
     (["env=key_dor"], "env=key_dor: no such option; did you mean env=key_door"),
     (["algorithm.loss_cfg.clip_low=0.1", "algorithm.kl_ctrl.type=pid"],
      "algorithm.kl_ctrl.type=pid: allowed values are fixed, adaptive"),

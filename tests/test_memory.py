@@ -203,7 +203,7 @@ def test_a_think_dropping_chat_template_keeps_each_turns_log_probs_exact():
     assert thinking_model.THOUGHT not in later and first.split("</think>")[1] in later  # ...and the template drops it
     batch = build_batch(episodes, None, build("allocator", {"name": "last_token", "kwargs": {}}), tok.pad_token_id)
     with torch.no_grad():
-        logp, _ = sequence_logprobs(model, batch, 1.0)
+        logp = sequence_logprobs(model, batch, 1.0)[0]
         z_max = float(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.abs().max())
     mask = batch["response_mask"].bool()
     diff = ((logp - batch["rollout_log_probs"]).abs() * mask).amax(-1)

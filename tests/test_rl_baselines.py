@@ -100,7 +100,7 @@ def test_self_imitation_trains_on_the_policys_own_successful_samples(models):
     # alone: the gradient of their tokens' mean negative log-likelihood, scaled by their share of the tokens.
     def grads(loss_of):
         policy.zero_grad()
-        logp, _ = sequence_logprobs(policy, batch)
+        logp = sequence_logprobs(policy, batch)[0]
         loss_of(logp).backward()
         return torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
 

@@ -75,7 +75,7 @@ def test_minibatches_cover_every_row_once_per_epoch_in_a_seeded_order():
 def test_training_logprobs_match_the_engine_sampling_logprobs(actor):
     batch, eps = _rollout_batch(actor)
     with torch.no_grad():
-        logp, ent = sequence_logprobs(actor.engine.model, batch, temperature=1.0, with_entropy=True)
+        logp, ent, _ = sequence_logprobs(actor.engine.model, batch, temperature=1.0, with_entropy=True)
     mask = batch["response_mask"].bool()
     assert mask.any()
     assert torch.allclose(logp[mask], batch["rollout_log_probs"][mask], atol=1e-4)
@@ -119,6 +119,53 @@ def test_update_moves_the_policy_and_sync_pushes_it_into_the_engine(actor):
     full = actor.get_model_state()
     for k, v in full.items():
         assert torch.equal(after[k], v), k
+
+
+def test_the_choice_kl_brings_back_an_allowed_token_the_policy_learned_to_drop(model_dir, dist_group):
+    """``algorithm.choice_kl_coeff``: a policy trained to pick the sampled token of two allowed ones, then updated
+    with no advantage at all, moves back toward the reference's even choice; with the coefficient at 0 it does not.
+    The logged ``actor/choice_kl`` is KL(reference || policy) over the allowed tokens."""
+    from openmanus_rl_core.algorithms import choice_kl
+
+    w = ActorWorker(_cfg("actor.lr=5e-2", "algorithm.choice_kl_coeff=1.0"), rank=0, world_size=1,
+                    model_dir=model_dir, total_steps=30)
+    w.setup(*dist_group)
+    batch, _ = _rollout_batch(w)
+    first = batch["response_mask"].float().argmax(-1)  # each row's first response position
+    rows = torch.arange(len(first))
+    chosen = batch["responses"][rows, first]
+    choices = torch.full((*batch["responses"].shape, 2), -1, dtype=torch.long)
+    choices[rows, first, 0], choices[rows, first, 1] = chosen, (chosen + 1) % len(w.tokenizer)
+    batch["choice_ids"] = choices
+    mask = batch["response_mask"].clone()
+    batch["response_mask"] = torch.zeros_like(mask)
+    batch["response_mask"][rows, first] = 1.0  # only the choice is trained
+    batch["ref_choice_log_probs"] = w.compute_log_probs(batch, with_old=False)["ref_choice_log_probs"]
+
+    def other():  # the policy's probability of the allowed token it was not trained toward, and its KL
+        with torch.no_grad():
+            logp = sequence_logprobs(w.model, batch, with_choices=True)[2]
+        kl = choice_kl(logp, batch["ref_choice_log_probs"], choices)[rows, first].mean()
+        return float(logp[rows, first, 1].exp().mean()), float(kl)
+
+    start = other()
+    batch["advantages"] = batch["response_mask"].clone()
+    w.cfg.algorithm.choice_kl_coeff = 0.0
+    for step in range(1, 6):
+        w.update(batch, step=step)
+    dropped, state = other(), w.get_state()
+    batch["advantages"] = torch.zeros_like(mask)
+
+    def three_updates(coeff):  # from the same weights and optimizer moments
+        w.load_state(state["model"], state["optimizer"], state["scheduler"], state["rng"])
+        w.cfg.algorithm.choice_kl_coeff = coeff
+        metrics = [w.update(batch, step=step) for step in range(6, 9)]
+        return other(), metrics[0]["actor/choice_kl"]
+
+    (held, logged), (pulled, _) = three_updates(0.0), three_updates(1.0)
+    assert abs(start[0] - 0.5) < 0.05 and start[1] < 0.01  # the reference is this policy before training
+    assert dropped[0] < 0.05 and math.isclose(logged, dropped[1], rel_tol=1e-4)
+    assert held[0] < dropped[0] and pulled[0] > 0.1 and pulled[1] < 0.5 * held[1]
 
 
 LEAN = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]

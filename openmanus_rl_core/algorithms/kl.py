@@ -16,6 +16,11 @@ that differs from the estimate's value. In expectation over the sampled token: k
 ``KL(pi || pi_ref)``; k3's is that of ``KL(pi_ref || pi)`` (on the logits, ``pi - pi_ref``: every probability is
 pulled toward the reference's linearly, so an action the reference gives mass to is held above zero however bad it
 is); k1's is zero. docs/selfplay.md measures k3 against k2 in self-play.
+
+That pull arrives only through sampled tokens: an action the policy has nearly dropped is seldom sampled, and when
+it is, k3's value is past its clamp and its gradient 0. Where a constraint decoded the reply, the tokens it allowed
+are known, and :func:`choice_kl` computes ``KL(pi_ref || pi)`` over them exactly (``algorithm.choice_kl_coeff``):
+its gradient on an allowed token's logit is ``pi - pi_ref`` at every choice, sampled or not.
 """
 
 from __future__ import annotations
@@ -31,15 +36,29 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "apply_kl_penalty",
+    "choice_kl",
     "kl_penalty",
     "uses_reference",
 ]
 
 
 def uses_reference(algo) -> bool:
-    """Whether a run with the algorithm section ``algo`` needs reference log-probs: a KL term (reward penalty or
-    loss), or a teacher (``algorithm.teacher.path``: on-policy distillation, whose reference is the teacher)."""
-    return bool(algo.use_kl_in_reward or algo.use_kl_loss or algo.teacher.path)
+    """Whether a run with the algorithm section ``algo`` needs reference log-probs: a KL term (reward penalty,
+    loss, or the KL over a constraint's choices), or a teacher (``algorithm.teacher.path``: on-policy distillation, whose reference is the teacher)."""
+    return bool(algo.use_kl_in_reward or algo.use_kl_loss or algo.choice_kl_coeff or algo.teacher.path)
+
+
+def choice_kl(logp_choices: torch.Tensor, ref_logp_choices: torch.Tensor, choice_ids: torch.Tensor) -> torch.Tensor:
+    """``KL(pi_ref || pi)`` over the tokens a constraint allowed, exactly, per response position ``[B, R]``.
+
+    ``logp_choices`` and ``ref_logp_choices`` ``[B, R, K]``: the policy's and the reference's log-probabilities of
+    the allowed tokens, each renormalised over them, laid out as ``choice_ids`` (ids, -1 padding; all -1 where the
+    reply was free). 0 where the reply was free or a token was forced. The gradient on an allowed token's logit is
+    ``pi - pi_ref``.
+    """
+    allowed = choice_ids >= 0
+    terms = ref_logp_choices.exp() * (ref_logp_choices - logp_choices)
+    return terms.masked_fill(~allowed, 0.0).sum(-1)
 
 
 def _k1(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:

@@ -110,9 +110,17 @@ def _rule_model_folders(c: Config) -> str | None:
 
 def _rule_ref_reset(c: Config) -> str | None:
     a = c.algorithm
-    if a.ref_reset_steps is not None and not (a.use_kl_loss or a.use_kl_in_reward):
+    if a.ref_reset_steps is not None and not (a.use_kl_loss or a.use_kl_in_reward or a.choice_kl_coeff):
         return (f"algorithm.ref_reset_steps={a.ref_reset_steps}: it moves the KL term's reference, and no KL term is "
-                f"on; set algorithm.use_kl_loss=true or use_kl_in_reward=true, or leave ref_reset_steps unset")
+                f"on; set algorithm.use_kl_loss=true, use_kl_in_reward=true or choice_kl_coeff, or leave "
+                f"ref_reset_steps unset")
+    return None
+
+
+def _rule_choice_kl(c: Config) -> str | None:
+    if c.algorithm.choice_kl_coeff and not c.rollout.constrain_actions:
+        return (f"algorithm.choice_kl_coeff={c.algorithm.choice_kl_coeff}: it acts where a constraint chose the "
+                f"reply's tokens, and rollout.constrain_actions is off; turn it on or leave the coefficient at 0")
     return None
 
 
@@ -138,4 +146,4 @@ def _rule_constrained_engine(c: Config) -> str | None:
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
 RULES = (_rule_group_size, _rule_critic, _rule_turn_rewards, _rule_reply_budget, _rule_sample_budget, _rule_correction,
          _rule_replicate_precision, _rule_overlap_update, _rule_model_folders, _rule_ref_reset,
-         _rule_agent, _rule_constrained_engine)
+         _rule_choice_kl, _rule_agent, _rule_constrained_engine)

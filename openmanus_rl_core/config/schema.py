@@ -112,14 +112,16 @@ class AlgorithmConfig:
     step_weight: float = opt(1.0, "gigpo: weight of the step-level advantage")
     gamma: float = opt(1.0, "discount (gae, reinforce_plus_plus, gigpo steps, state_baseline, value_table)", ge=0)
     lam: float = opt(1.0, "gae and value_table: lambda", ge=0)
-    value_window: int = opt(64, "value_table: a state's value is the mean of about its last N returns (step size "
-                                "1 / min(visits, N))", ge=1)
+    value_window: int = opt(64, "value_table: a state's value: the mean of its last ~N returns (step 1/min(visits, N))", ge=1)
     use_critic: bool = opt(False, "train a value model (CriticWorker); needs an estimator that uses values")
     policy_loss: str = opt("ppo_clip", "policy loss (registry `openmanus_rl.losses`)")
     loss_cfg: Dict[str, Any] = opt({"clip_low": 0.2, "clip_high": 0.28, "clip_c": None, "agg_mode": "token-mean"},
                                    "options of the policy loss (checked by the loss); agg_mode also aggregates "
                                    "entropy, KL and the value loss")
     entropy_coeff: float = opt(0.0, "entropy bonus coefficient", ge=0)
+    choice_kl_coeff: float = opt(0.0, "add this times KL(reference || policy), exact over the tokens a constraint "
+                                 "allowed (rollout.constrain_actions), to the loss: unlike the sampled KL loss, it "
+                                 "pulls back an action the policy has nearly dropped (algorithms/kl.py)", ge=0)
     recompute_old_log_probs: str = opt(
         "auto", "old log-probs of the ratio: auto (recompute when the update is off-policy within a step), "
         "true (always), false (never), rollout (the engine's sampling log-probs)",

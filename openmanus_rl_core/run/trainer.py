@@ -221,7 +221,8 @@ class Trainer:
         within the step (several mini-batches or epochs) or a KL penalty needs them, else the update uses the
         detached current ones; ``true`` always, ``false`` never, ``rollout`` takes the engine's sampling log-probs (so
         does ``algorithm.rollout_correction=behaviour``, the group stream's default).
-        Reference log-probs: when a KL term (reward penalty or loss) is on.
+        Reference log-probs: when a KL term (reward penalty or loss) is on; with ``algorithm.choice_kl_coeff``
+        also the reference's over each constraint's allowed tokens (``ref_choice_log_probs``).
         """
         from openmanus_rl_core.algorithms import masked_mean, uses_reference
         from openmanus_rl_core.distributed.sharding import cat_rows
@@ -243,6 +244,8 @@ class Trainer:
                 batch["old_log_probs"] = cat_rows([o["old_log_probs"] for o in outs], pad)
             if with_ref:
                 batch["ref_log_probs"] = cat_rows([o["ref_log_probs"] for o in outs], pad)
+            if "ref_choice_log_probs" in outs[0]:
+                batch["ref_choice_log_probs"] = cat_rows([o["ref_choice_log_probs"] for o in outs], pad)
         if "old_log_probs" in batch:
             diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs()
             metrics["actor/rollout_logprob_diff"] = float(masked_mean(diff, batch["response_mask"].bool()))

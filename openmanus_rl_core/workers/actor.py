@@ -218,9 +218,13 @@ class ActorWorker(Worker):
             self.model.train()
             self.sharding.after_step(self.model)
         if with_ref and self.ref is not None:
-            out["ref_log_probs"] = self._forward_rows(
-                batch, lambda mb: sequence_logprobs(self.ref, mb, self.temperature, pack=pack,
-                                                    share_prompts=share)[0], *limits).cpu()
+            choices = bool(self.cfg.algorithm.choice_kl_coeff) and "choice_ids" in batch
+            ref = self._forward_rows(
+                batch, lambda mb: sequence_logprobs(self.ref, mb, self.temperature, pack=pack, share_prompts=share,
+                                                    with_choices=choices), *limits)
+            out["ref_log_probs"] = ref[0].cpu()
+            if choices:
+                out["ref_choice_log_probs"] = ref[2].cpu()
         return out
 
     # ---------------------------------------------------------------------------------------------- update
@@ -232,8 +236,9 @@ class ActorWorker(Worker):
         nothing (then the update is on-policy with one mini-batch and one epoch, and the old
         log-probs are the detached current ones). With ``use_kl_loss`` also ``ref_log_probs``.
 
-        Per mini-batch: ``loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl`` (the coefficient on
-        ``algorithm.kl_loss_schedule``); gradients are clipped to
+        Per mini-batch: ``loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl + choice_kl_coeff *
+        choice_kl`` (the KL coefficient on ``algorithm.kl_loss_schedule``; ``choice_kl``: :func:`~openmanus_rl_core.algorithms.kl.choice_kl`, with
+        ``ref_choice_log_probs`` in the batch); gradients are clipped to
         ``actor.grad_clip``; a non-finite loss or gradient norm (on any rank) skips the optimizer step. At a step
         that is a multiple of ``algorithm.ref_reset_steps`` the updated policy then becomes the reference.
         """
@@ -256,7 +261,7 @@ class ActorWorker(Worker):
 
     def _policy_loss(self):
         """``part_loss(micro_batch) -> (loss, stats)``: the policy loss of :meth:`update` on one micro-batch."""
-        from openmanus_rl_core.algorithms import agg_loss, kl_penalty
+        from openmanus_rl_core.algorithms import agg_loss, choice_kl, kl_penalty
         from openmanus_rl_core.algorithms.correction import correction_mode, truncated_is_weights
         from openmanus_rl_core.plugin.registry import registry
 
@@ -270,9 +275,10 @@ class ActorWorker(Worker):
         correct = correction_mode(algo, self.cfg.rollout, self.cfg.agent) == "tis"
 
         def part_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-            logp, entropy = sequence_logprobs(self.model, part, self.temperature, with_entropy=True,
-                                              pack=self.optim_cfg.pack_rows,
-                                              share_prompts=self.share_prompts)
+            logp, entropy, choice_logp = sequence_logprobs(self.model, part, self.temperature, with_entropy=True,
+                                                           pack=self.optim_cfg.pack_rows,
+                                                           share_prompts=self.share_prompts,
+                                                           with_choices="ref_choice_log_probs" in part)
             mask = part["response_mask"]
             old = part["old_log_probs"] if "old_log_probs" in part else logp.detach()
             adv, corr = part["advantages"], {}
@@ -291,6 +297,11 @@ class ActorWorker(Worker):
                 loss = loss + kl_coef * kl
                 stats["actor/kl_loss"] = float(kl.detach())
                 stats["actor/kl_loss_coef"] = kl_coef
+            if choice_logp is not None:
+                ckl = agg_loss(choice_kl(choice_logp, part["ref_choice_log_probs"], part["choice_ids"]), mask,
+                               agg_mode)
+                loss = loss + algo.choice_kl_coeff * ckl
+                stats["actor/choice_kl"] = float(ckl.detach())
             return loss, stats
 
         return part_loss

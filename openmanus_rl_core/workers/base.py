@@ -6,7 +6,7 @@ import math
 import os
 import random
 import sys
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -258,15 +258,19 @@ class Worker:
         stats[f"{self.role}/grad_norm"] = grad_norm
         return self._finish_updates(self.role, [stats], int(not stepped))
 
-    def _forward_rows(self, batch: Batch, fn: Callable[[Batch], torch.Tensor], max_rows: int | None,
-                      max_tokens: int | None) -> torch.Tensor:
-        """``fn`` (per-row results) over ``batch`` in micro-batches, results in the original row order."""
+    def _forward_rows(self, batch: Batch, fn: Callable[[Batch], Any], max_rows: int | None,
+                      max_tokens: int | None) -> Any:
+        """``fn`` (per-row results: a tensor, or a tuple of tensors and Nones) over ``batch`` in micro-batches,
+        results in the original row order."""
         from openmanus_rl_core.workers.microbatch import restore_rows
 
         index = self._micro_index(batch, max_rows, max_tokens)
         if len(index) == 1:
             return fn(batch)
-        return restore_rows([fn(batch[rows]) for rows in index], index)
+        parts = [fn(batch[rows]) for rows in index]
+        if not isinstance(parts[0], tuple):
+            return restore_rows(parts, index)
+        return tuple(None if part[0] is None else restore_rows(list(part), index) for part in zip(*parts))
 
     def _finish_updates(self, role: str, per_update: list[dict[str, float]], skipped: int) -> dict[str, float]:
         """End of one ``update`` call: advance the LR schedule; each stat averaged over the optimizer steps (a stat

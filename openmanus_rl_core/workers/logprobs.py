@@ -14,11 +14,14 @@ def sequence_logprobs(
     with_entropy: bool = False,
     pack: bool = False,
     share_prompts: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    with_choices: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Log-probabilities of the response tokens under ``model`` (see the module docstring for the layout).
 
-    Returns ``logp [B, R]`` and, when ``with_entropy``, the entropy of ``softmax(logits / T)`` per response
-    position ``[B, R]`` (else None); where the batch's ``choice_ids`` name the tokens a constraint allowed, both are
+    Returns ``(logp, entropy, choice_logp)``: ``logp [B, R]``; when ``with_entropy`` (else None), the entropy of
+    ``softmax(logits / T)`` per response position ``[B, R]``; when ``with_choices`` and the batch has
+    ``choice_ids`` (else None), the log-probabilities of every token a constraint allowed ``[B, R, K]``, laid out
+    as ``choice_ids`` (0 where it has -1). Where the batch's ``choice_ids`` name the allowed tokens, all three are
     those of the distribution over them alone (:func:`_over_choices`). Only the last ``R + 1`` positions' logits
     are materialised. The columns that are padding in every row are cut before the forward pass
     (:func:`~.microbatch.trim_columns`); both results are 0 on every padding position.
@@ -37,17 +40,17 @@ def sequence_logprobs(
     pack = pack and bool(small["attention_mask"].any())  # rows of padding only: nothing to pack
     shared = _shared_prompts(small) if share_prompts and not pack else None
     if shared is not None:
-        logp, entropy = _shared_prompt_logprobs(model, small, temperature, with_entropy, shared)
+        out = _shared_prompt_logprobs(model, small, temperature, with_entropy, shared, with_choices)
     else:
-        logp, entropy = (_packed_logprobs if pack else _logprobs)(model, small, temperature, with_entropy)
-    real = batch["attention_mask"][:, -R:].to(logp.dtype) if R else None  # 0 on padding, however rows are grouped
-    logp = pad_columns(logp, R) * real if R else logp
-    if entropy is not None and R:
-        entropy = pad_columns(entropy, R) * real
-    return logp, entropy
+        out = (_packed_logprobs if pack else _logprobs)(model, small, temperature, with_entropy, with_choices)
+    if not R:
+        return out
+    real = batch["attention_mask"][:, -R:].to(out[0].dtype)  # 0 on padding, however rows are grouped
+    return tuple(None if t is None else pad_columns(t, R) * real.view(*real.shape, *[1] * (t.dim() - 2))
+                 for t in out)
 
 
-def _logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool):
+def _logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool, with_choices: bool):
     responses = batch["responses"]
     R = responses.shape[1]
     out = model(
@@ -58,14 +61,14 @@ def _logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_ent
         logits_to_keep=R + 1,
     )
     return _response_logprobs(out.logits[:, -R - 1:-1, :], responses, temperature, with_entropy,
-                              batch.get("choice_ids"))
+                              batch.get("choice_ids"), with_choices)
 
 
 def _response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperature: float, with_entropy: bool,
-                       choices: torch.Tensor | None = None):
-    """``(logp, entropy)`` of ``responses`` [B, R] from the logits that predict them [B, R, V]; at the positions
-    ``choices`` names (a batch's ``choice_ids``), those of the distribution over the allowed tokens only
-    (:func:`_over_choices`)."""
+                       choices: torch.Tensor | None = None, with_choices: bool = False):
+    """``(logp, entropy, choice_logp)`` of ``responses`` [B, R] from the logits that predict them [B, R, V], as
+    :func:`sequence_logprobs` returns them; at the positions ``choices`` names (a batch's ``choice_ids``), those of
+    the distribution over the allowed tokens only (:func:`_over_choices`)."""
     from openmanus_rl_core.algorithms import entropy_from_logits
 
     logits = logits.float()
@@ -73,28 +76,28 @@ def _response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperatur
         logits = logits / float(temperature)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     entropy = entropy_from_logits(logits) if with_entropy else None
-    if choices is not None:
-        logp, entropy = _over_choices(logits, responses, choices, logp, entropy)
-    return logp, entropy
+    if choices is None:
+        return logp, entropy, None
+    return _over_choices(logits, responses, choices, logp, entropy, with_choices)
 
 
 def _over_choices(logits: torch.Tensor, responses: torch.Tensor, choices: torch.Tensor, logp: torch.Tensor,
-                  entropy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  entropy: torch.Tensor | None, with_choices: bool):
     """The policy that decoded under a constraint: at a position where ``choices[b, t]`` lists the tokens the
     grammar allowed (ids, then -1 padding; all -1 where the reply was free), the model's distribution renormalised
-    over them, as the engine sampled from it: ``logp = z[token] - logsumexp(z[allowed])`` and the entropy over the
-    allowed tokens. A forced token (one allowed) reads log-probability 0 and entropy 0. Elsewhere ``logp`` and
-    ``entropy`` are returned as given."""
-    on = choices[..., 0] >= 0
-    z = logits.gather(-1, choices.clamp_min(0)).masked_fill(choices < 0, float("-inf"))
+    over them, as the engine sampled from it: ``logp = z[token] - logsumexp(z[allowed])``, the entropy over the
+    allowed tokens and (``with_choices``) each allowed token's log-probability ``[B, R, K]``, 0 where ``choices``
+    is -1. A forced token (one allowed) reads log-probability 0 and entropy 0. Elsewhere ``logp`` and ``entropy``
+    are returned as given."""
+    on, allowed = choices[..., 0] >= 0, choices >= 0
+    z = logits.gather(-1, choices.clamp_min(0)).masked_fill(~allowed, float("-inf"))
     z = torch.where(on.unsqueeze(-1), z, torch.zeros_like(z))  # a free position: any finite row, not read
     token = logits.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     logp = torch.where(on, token - torch.logsumexp(z, dim=-1), logp)
+    lsm = torch.log_softmax(z, dim=-1).masked_fill(~allowed, 0.0)
     if entropy is not None:
-        lsm = torch.log_softmax(z, dim=-1)
-        masked = -(lsm.exp() * lsm.masked_fill(~torch.isfinite(lsm), 0.0)).sum(-1)
-        entropy = torch.where(on, masked, entropy)
-    return logp, entropy
+        entropy = torch.where(on, -(lsm.exp() * lsm).masked_fill(~allowed, 0.0).sum(-1), entropy)
+    return logp, entropy, lsm if with_choices else None
 
 
 def _shared_prompts(batch: Batch):
@@ -105,7 +108,8 @@ def _shared_prompts(batch: Batch):
     return shared_starts(*(batch[k][:, :P] for k in ("input_ids", "attention_mask", "position_ids")))
 
 
-def _shared_prompt_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool, shared):
+def _shared_prompt_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool, shared,
+                            with_choices: bool):
     """As :func:`_logprobs`, with each shared prefix run once (``shared``: a
     :class:`~openmanus_rl_core.models.shared_prompt.SharedStarts`): its KV cache is repeated for the rows that share it,
     then the rest of every row (the rest of its prompt and the response but its last token) runs on that cache."""
@@ -122,13 +126,14 @@ def _shared_prompt_logprobs(model: torch.nn.Module, batch: Batch, temperature: f
     mask = torch.cat([shared.prefix_mask, shared.rest_mask, attn[:, -R:-1]], dim=1)
     tail = model(input_ids=ids[:, start:-1], attention_mask=mask, position_ids=pos[:, start:-1], use_cache=True,
                  logits_to_keep=R, **{kw: cache})
-    logp, entropy = _response_logprobs(tail.logits, responses, temperature, with_entropy, batch.get("choice_ids"))
+    logp, entropy, choice_logp = _response_logprobs(tail.logits, responses, temperature, with_entropy,
+                                                    batch.get("choice_ids"), with_choices)
     # The first pass's last layer gives only keys and values to the second; its output joins the graph with weight
     # 0 so that FSDP2, which gathers a layer's weights for backward when its output's gradient arrives, gathers it.
-    return logp + 0.0 * head.logits.sum(), entropy
+    return logp + 0.0 * head.logits.sum(), entropy, choice_logp
 
 
-def _packed_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool):
+def _packed_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool, with_choices: bool):
     """As :func:`_logprobs`, on the rows packed into one sequence ``[1, sum of row lengths]``."""
     responses = batch["responses"]
     R = responses.shape[1]
@@ -139,4 +144,4 @@ def _packed_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, w
     where = real.flatten().long().cumsum(0).view_as(real) - 1
     at = (where[:, -R:] - 1).clamp_min(0)
     return _response_logprobs(out.logits[0][at], responses, temperature, with_entropy,  # [B, R, V]
-                              batch.get("choice_ids"))
+                              batch.get("choice_ids"), with_choices)

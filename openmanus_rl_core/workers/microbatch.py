@@ -19,10 +19,10 @@ import torch
 
 from openmanus_rl_core.batch import Batch
 
-# Row-aligned tensors of the response layout ``[B, R]`` (``choice_ids``: ``[B, R, K]``): cut to the micro-batch's
-# longest response.
+# Row-aligned tensors of the response layout ``[B, R]`` (``choice_ids`` and ``ref_choice_log_probs``:
+# ``[B, R, K]``): cut to the micro-batch's longest response.
 RESPONSE_KEYS = ("responses", "response_mask", "advantages", "old_log_probs", "ref_log_probs", "rollout_log_probs",
-                 "values", "returns", "choice_ids")
+                 "values", "returns", "choice_ids", "ref_choice_log_probs")
 # Row-aligned tensors of the whole sequence ``[B, P + R]``.
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
 
@@ -119,10 +119,10 @@ def trim_columns(batch: Batch) -> tuple[Batch, int]:
 
 
 def pad_columns(x: torch.Tensor, R: int) -> torch.Tensor:
-    """``[B, R']`` back to ``[B, R]``, zeros in the cut (padding) columns."""
+    """``[B, R', ...]`` back to ``[B, R, ...]``, zeros in the cut (padding) columns."""
     if x.shape[1] == R:
         return x
-    return torch.nn.functional.pad(x, (0, R - x.shape[1]))
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, R - x.shape[1]))
 
 
 def on_trimmed(fn: Callable[[Batch], torch.Tensor], batch: Batch) -> torch.Tensor:

@@ -392,11 +392,13 @@ class OpenSpielEnv:
     def demonstrators(self) -> dict[str, str]:
         """OpenSpiel's bots as demonstrators of the seat (``warmup.demonstrator=bot:mcts``): an imitation baseline,
         what the model learns from a strong player's moves on the warm-up's budget. ``bot:minimax`` only where it
-        can search the game (:func:`.opponents.minimax_problem`); MCTS searches the true state, hidden cards too."""
-        offered = {"bot:mcts": f"OpenSpiel's MCTS bot, {self.simulations} simulations a move"}
-        if opponents.minimax_problem(self.game, "bot:minimax") is None:
-            offered["bot:minimax"] = "alpha-beta search to the end: a best move, the first in OpenSpiel's order"
-        return offered
+        can search the game (:func:`.opponents.minimax_problem`), ``bot:cfr`` where CFR+ solves it
+        (:func:`.opponents.cfr_problem`); MCTS searches the true state, hidden cards too."""
+        offered = {"bot:mcts": f"OpenSpiel's MCTS bot, {self.simulations} simulations a move",
+                   "bot:minimax": "alpha-beta search to the end: a best move, the first in OpenSpiel's order",
+                   "bot:cfr": f"CFR+'s average policy after {opponents.CFR_ITERATIONS} iterations, sampled"}
+        return {name: says for name, says in offered.items()
+                if opponents.OPPONENTS[name].problem(self.game, self.game_string, name) is None}
 
     def demonstrator_action(self, name: str) -> str:
         """The move of the bot ``name`` (one of :attr:`demonstrators`) for this seat, as the action's text; each

@@ -6,6 +6,10 @@ one name per other seat, in seat order.
   simulations a move; it searches the true state, so in an imperfect-information game it sees the hidden cards;
 - ``bot:minimax``: alpha-beta search of the whole game tree (``open_spiel.python.algorithms.minimax``), for
   two-player zero-sum perfect-information games without chance that are small enough to search to the end;
+- ``bot:cfr``: a near-equilibrium player, CFR+'s average policy (``pyspiel.CFRPlusSolver``), its move drawn from
+  the policy's probabilities at the seat's information state; for the games whose tree is small enough to solve
+  (:data:`CFR_GAMES`). Against it a policy's expected loss is about its exploitability's share of what a best
+  response would take;
 - ``self`` (one name for every seat): the policy plays every seat, each seat its own episode (:mod:`.tables`);
   validation tasks and single episodes (the warm-up's) play ``val_opponent`` instead;
 - ``pool`` (one name for every seat): snapshots of the policy's earlier behaviour in this run (:mod:`.pool`).
@@ -20,12 +24,22 @@ import functools
 import random
 from typing import Any, Callable
 
-__all__ = ["OPPONENTS", "SELF", "make", "check", "minimax_problem", "seat_opponents"]
+__all__ = ["OPPONENTS", "SELF", "make", "check", "minimax_problem", "cfr_problem", "seat_opponents"]
 
 MINIMAX_MAX_LENGTH = 12  # longest game (moves) minimax searches to the end: tic_tac_toe's 9 takes well under a second
+CFR_GAMES = ("kuhn_poker", "leduc_poker")  # trees CFR+ solves in seconds, once per process
+CFR_ITERATIONS = 100  # leduc_poker: exploitability 0.013 after 100 iterations (about 6 s here), kuhn_poker: 0.001
 
 
-class RandomOpponent:
+class Opponent:
+    """What an opponent class has: ``problem`` (why it cannot play a game, or None) and ``act``."""
+
+    @staticmethod
+    def problem(game: Any, game_string: str, label: str) -> str | None:
+        return None
+
+
+class RandomOpponent(Opponent):
     """A uniformly random legal action."""
 
     def __init__(self, game: Any, seed: int, simulations: int):
@@ -35,7 +49,7 @@ class RandomOpponent:
         return self.rng.choice(state.legal_actions())
 
 
-class MCTSOpponent:
+class MCTSOpponent(Opponent):
     """OpenSpiel's C++ MCTS bot: UCT (c = 2), ``simulations`` simulations a move, one random rollout per leaf."""
 
     def __init__(self, game: Any, seed: int, simulations: int):
@@ -48,8 +62,12 @@ class MCTSOpponent:
         return self.bot.step(state)
 
 
-class MinimaxOpponent:
+class MinimaxOpponent(Opponent):
     """Alpha-beta search to the end of the game; among equally good moves the first in OpenSpiel's order."""
+
+    @staticmethod
+    def problem(game: Any, game_string: str, label: str) -> str | None:
+        return minimax_problem(game, label)
 
     def __init__(self, game: Any, seed: int, simulations: int):
         self.game = game
@@ -70,8 +88,43 @@ def _best(game_string: str, serialized: str, player: int) -> int:
     return action
 
 
+class CFROpponent(Opponent):
+    """CFR+'s average policy after :data:`CFR_ITERATIONS` iterations, sampled: a near-equilibrium player."""
+
+    @staticmethod
+    def problem(game: Any, game_string: str, label: str) -> str | None:
+        return cfr_problem(game_string, label)
+
+    def __init__(self, game: Any, seed: int, simulations: int):
+        self.policy, self.rng = _solved(str(game)), random.Random(seed)
+
+    def act(self, state: Any) -> int:
+        actions, probs = zip(*self.policy.get_state_policy(state))
+        return self.rng.choices(actions, weights=probs)[0]
+
+
+class _Solved:
+    """A solved policy and its solver, kept alive with it; ``get_state_policy(state)``: ``[(action, probability)]``."""
+
+    def __init__(self, policy: Any, solver: Any):
+        self.policy, self.solver = policy, solver
+
+    def get_state_policy(self, state: Any) -> list[tuple[int, float]]:
+        return self.policy.get_state_policy(state)
+
+
+@functools.lru_cache(maxsize=4)  # solved once per process, whichever env asks
+def _solved(game_string: str) -> Any:
+    import pyspiel
+
+    solver = pyspiel.CFRPlusSolver(pyspiel.load_game(game_string))
+    for _ in range(CFR_ITERATIONS):
+        solver.evaluate_and_update_policy()
+    return _Solved(solver.average_policy(), solver)  # the C++ policy reads the solver's tables: it must outlive it
+
+
 OPPONENTS: dict[str, Callable[..., Any]] = {"random": RandomOpponent, "bot:mcts": MCTSOpponent,
-                                            "bot:minimax": MinimaxOpponent}
+                                            "bot:minimax": MinimaxOpponent, "bot:cfr": CFROpponent}
 
 
 def minimax_problem(game: Any, label: str) -> str | None:
@@ -86,6 +139,12 @@ def minimax_problem(game: Any, label: str) -> str | None:
     if game.max_game_length() > MINIMAX_MAX_LENGTH:
         return (f"{label} searches the whole game tree, and this game lasts up to {game.max_game_length()} moves "
                 f"(at most {MINIMAX_MAX_LENGTH} are searched; use bot:mcts)")
+    return None
+
+
+def cfr_problem(game_string: str, label: str) -> str | None:
+    if game_string.split("(", 1)[0].strip() not in CFR_GAMES:
+        return f"{label} solves games whose tree is small enough to walk every iteration: {', '.join(CFR_GAMES)}"
     return None
 
 
@@ -132,10 +191,9 @@ def check(game: Any, game_string: str, opponent: Any, simulations: Any, val_oppo
             hint = f"did you mean {close[0]}? " if close else ""
             raise ValueError(f"opponent={name!r}: not an opponent here; {hint}(known: {', '.join(OPPONENTS)}, "
                              f"{SELF})")
-        if name == "bot:minimax":
-            problem = minimax_problem(game, name)
-            if problem:
-                raise ValueError(f"opponent=bot:minimax: {game_string}: {problem}")
+        problem = OPPONENTS[name].problem(game, game_string, name)
+        if problem:
+            raise ValueError(f"opponent={name}: {game_string}: {problem}")
     return names
 
 

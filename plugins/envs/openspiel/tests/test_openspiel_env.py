@@ -88,8 +88,8 @@ def test_openspiels_bots_demonstrate_the_seat_for_the_warm_up():
         moves.append(demonstrator_policy(fresh, "bot:mcts")())
     assert moves[0] == moves[1] and moves[0] in legal(first)
     poker = OpenSpielEnv(game="kuhn_poker")
-    assert list(poker.demonstrators) == ["bot:mcts"]  # minimax cannot search a game of hidden cards
-    with pytest.raises(Refused, match="bot:minimax: the env OpenSpielEnv offers oracle, bot:mcts"):
+    assert list(poker.demonstrators) == ["bot:mcts", "bot:cfr"]  # minimax cannot search a game of hidden cards
+    with pytest.raises(Refused, match="bot:minimax: the env OpenSpielEnv offers oracle, bot:mcts, bot:cfr"):
         demonstrator_policy(poker, "bot:minimax")
     poker.reset(task_id=0)
     with pytest.raises(ValueError, match="demonstrator 'bot:minimax': openspiel \\(kuhn_poker\\) offers bot:mcts"):
@@ -160,6 +160,30 @@ def test_minimax_never_loses_tic_tac_toe_and_mcts_beats_random_play():
     assert rerun[0] == rerun[1]
 
 
+def test_cfr_plays_its_solved_near_equilibrium_policy_drawing_each_move():
+    """``bot:cfr``: CFR+'s average policy, within 0.02 of equilibrium on Leduc; the bot's moves at an information
+    state are drawn with that policy's probabilities, seeded by the task; a game it cannot solve is refused."""
+    from openmanus_rl_env_openspiel import opponents
+
+    leduc = pyspiel.load_game("leduc_poker")
+    assert pyspiel.exploitability(leduc, opponents._solved("leduc_poker").policy) < 0.02
+    kuhn = pyspiel.load_game("kuhn_poker")
+    state = kuhn.new_initial_state()
+    for action in (0, 1):  # the jack to seat 0, the queen to seat 1: seat 0 with the jack bets about a third or less
+        state.apply_action(action)
+    want = dict(opponents._solved("kuhn_poker").get_state_policy(state))
+    bots = [opponents.make("bot:cfr", kuhn, seed, 1) for seed in range(3)]  # (game, seed, simulations)
+    draws = [bots[0].act(state) for _ in range(4000)]
+    assert 0.0 < want[1] < 0.4 and abs(draws.count(1) / len(draws) - want[1]) < 0.025
+    again = opponents.make("bot:cfr", kuhn, 1, 1)
+    runs = [[bot.act(state) for _ in range(50)] for bot in (bots[1], again, bots[2])]
+    assert runs[0] == runs[1] != runs[2]  # a seed draws the same moves, another seed others
+    env = OpenSpielEnv(game="leduc_poker", opponent="bot:cfr", seat=1)
+    seen = [play(env, 4, lambda obs: legal(obs)[0])[0] for _ in range(2)]
+    assert seen[0] == seen[1] and "bot:cfr" in OpenSpielEnv(game="kuhn_poker").demonstrators
+    assert "bot:cfr" not in OpenSpielEnv(game="tic_tac_toe").demonstrators
+
+
 def test_chance_in_play_and_three_players():
     env = OpenSpielEnv(game="leduc_poker")
     _, results = play(env, 5, lambda obs: "Call")
@@ -180,6 +204,9 @@ def test_chance_in_play_and_three_players():
     ("env.kwargs.game=kuhn_poker env.kwargs.opponent=bot:minimax", r"^env\.kwargs\.opponent=bot:minimax: kuhn_poker: "
                                                                    r"bot:minimax searches two-player zero-sum "
                                                                    r"perfect-information games"),
+    ("env.kwargs.game=tic_tac_toe env.kwargs.opponent=bot:cfr", r"^env\.kwargs\.opponent=bot:cfr: tic_tac_toe: "
+                                                                r"bot:cfr solves games whose tree is small enough to "
+                                                                r"walk every iteration: kuhn_poker, leduc_poker"),
     ("env.kwargs.game=connect_four env.kwargs.opponent=bot:minimax", r"^env\.kwargs\.opponent=bot:minimax: "
                                                                      r"connect_four: bot:minimax searches the whole "
                                                                      r"game tree, and this game lasts up to 42 moves"),

@@ -246,6 +246,31 @@ def test_the_kuhn_preset_trains_both_seats_from_the_command_line_and_logs_exploi
                                                                                abs=1e-3)
 
 
+@pytest.mark.slow
+def test_the_kl_over_each_choice_trains_from_the_command_line_and_its_reference_is_in_the_dump(tmp_path, ray_local,
+                                                                                             command_here):
+    """``rollout.constrain_actions=true algorithm.choice_kl_coeff``: the reference's log-probs of every allowed
+    token reach the update (the dump holds what it read: a distribution over each choice), and ``actor/choice_kl``
+    is 0 at the first step, where the policy is its reference, and above 0 once an update has moved it."""
+    run = tmp_path / "run"
+    proc = command_here(["train", "+experiment=kuhn_selfplay", "trainer.total_steps=2", *SMALL,
+                         "rollout.constrain_actions=true", "algorithm.choice_kl_coeff=0.5", f"trainer.run_dir={run}"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import json
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    assert rows[1]["actor/choice_kl"] == pytest.approx(0.0, abs=1e-6) and 0.0 < rows[2]["actor/choice_kl"] < 1.0
+    table = pq.read_table(run / "rollouts" / "step_000002.parquet")
+    shape = json.loads(table.schema.metadata[b"openmanus_rl"])["shapes"]
+    ids = np.array(table["choice_ids"].to_pylist()).reshape(-1, *shape["choice_ids"])
+    ref = np.array(table["ref_choice_log_probs"].to_pylist()).reshape(-1, *shape["ref_choice_log_probs"])
+    chose = (ids >= 0).sum(-1) >= 2  # Pass or Bet
+    assert chose.sum() >= 8 and np.allclose(np.where(ids >= 0, np.exp(ref), 0).sum(-1)[chose], 1.0, atol=1e-5)
+
+
 @pytest.mark.parametrize("override, line", [
     ("rollout.mode=lockstep", r"^rollout\.mode=lockstep: env\.kwargs\.opponent=self needs rollout\.mode=episodes"),
     ("algorithm.n=3", r"^rollout\.n=3: env\.kwargs\.opponent=self plays one sample per seat, and kuhn_poker has 2 "
