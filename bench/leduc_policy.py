@@ -5,6 +5,7 @@ the same cards and the same choice (issue 54).
     python bench/leduc_policy.py <dir>
     python bench/leduc_policy.py --values <dir>  # and what each action is worth to it, against itself
     python bench/leduc_policy.py --reference     # hand-written policies' exploitability, for scale
+    python bench/leduc_policy.py --sampling      # a tabular sampling learner's, by the games it has played
 
 ``<dir>`` is a Hugging Face folder written by ``openmanus-rl export`` (its ``omrl_export.json`` names the
 checkpoint; the run's ``config.json`` beside ``checkpoints/`` gives the game, the template and the env's
@@ -101,6 +102,29 @@ def reference() -> None:
         print(f"| {name} | {exploitability.exploitability(spiel, table):.3f} |")
 
 
+SAMPLED_GAMES = (1_000, 2_000, 5_000, 10_000, 20_000, 100_000)
+
+
+def sampling(seeds=(0, 1, 2)) -> None:
+    """How far a tabular learner gets on a budget of games, to size a self-play run's: OpenSpiel's outcome-sampling
+    MCCFR (``pyspiel.OutcomeSamplingMCCFRSolver``: each iteration samples one game and updates the regrets of one
+    seat, the seats in turn), the exploitability of its average policy after each number of games. A self-play step
+    here trains both seats of each game, so its games count twice against these."""
+    import pyspiel
+
+    spiel = pyspiel.load_game("leduc_poker")
+    print("| seed | " + " | ".join(f"{n:,} games" for n in SAMPLED_GAMES) + " |")
+    print("|---" * (len(SAMPLED_GAMES) + 1) + "|")
+    for seed in seeds:
+        solver, played, row = pyspiel.OutcomeSamplingMCCFRSolver(spiel, seed=seed), 0, []
+        for games in SAMPLED_GAMES:
+            for _ in range(games - played):
+                solver.run_iteration()
+            played = games
+            row.append(f"{pyspiel.exploitability(spiel, solver.average_policy()):.3f}")
+        print(f"| {seed} | " + " | ".join(row) + " |")
+
+
 def self_play_values(spiel, policy) -> dict[tuple[int, str], tuple[float, dict[int, float]]]:
     """Each information state's reach (the chance a self-play game passes through it) and the seat's expected
     chips after each legal action there, with ``policy`` (OpenSpiel's) in both seats."""
@@ -119,6 +143,9 @@ def self_play_values(spiel, policy) -> dict[tuple[int, str], tuple[float, dict[i
 def main(argv: list[str]) -> int:
     if argv == ["--reference"]:
         reference()
+        return 0
+    if argv == ["--sampling"]:
+        sampling()
         return 0
     with_values = argv[:1] == ["--values"]
     argv = argv[1:] if with_values else argv
