@@ -44,7 +44,8 @@ __all__ = [
 
 def uses_reference(algo) -> bool:
     """Whether a run with the algorithm section ``algo`` needs reference log-probs: a KL term (reward penalty,
-    loss, or the KL over a constraint's choices), or a teacher (``algorithm.teacher.path``: on-policy distillation, whose reference is the teacher)."""
+    loss, or the KL over a constraint's choices), or a teacher (``algorithm.teacher.path``: on-policy
+    distillation, whose reference is the teacher)."""
     return bool(algo.use_kl_in_reward or algo.use_kl_loss or algo.choice_kl_coeff or algo.teacher.path)
 
 

@@ -237,8 +237,8 @@ class ActorWorker(Worker):
         log-probs are the detached current ones). With ``use_kl_loss`` also ``ref_log_probs``.
 
         Per mini-batch: ``loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl + choice_kl_coeff *
-        choice_kl`` (the KL coefficient on ``algorithm.kl_loss_schedule``; ``choice_kl``: :func:`~openmanus_rl_core.algorithms.kl.choice_kl`, with
-        ``ref_choice_log_probs`` in the batch); gradients are clipped to
+        choice_kl`` (the KL coefficient on ``algorithm.kl_loss_schedule``; ``choice_kl`` where the batch has
+        ``ref_choice_log_probs``: :func:`~openmanus_rl_core.algorithms.kl.choice_kl`); gradients are clipped to
         ``actor.grad_clip``; a non-finite loss or gradient norm (on any rank) skips the optimizer step. At a step
         that is a multiple of ``algorithm.ref_reset_steps`` the updated policy then becomes the reference.
         """

@@ -24,7 +24,7 @@ def sequence_logprobs(
     as ``choice_ids`` (0 where it has -1). Where the batch's ``choice_ids`` name the allowed tokens, all three are
     those of the distribution over them alone (:func:`_over_choices`). Only the last ``R + 1`` positions' logits
     are materialised. The columns that are padding in every row are cut before the forward pass
-    (:func:`~.microbatch.trim_columns`); both results are 0 on every padding position.
+    (:func:`~.microbatch.trim_columns`); every result is 0 on every padding position.
 
     ``pack``: no padding at all. The rows' real tokens are concatenated into one sequence whose position ids restart
     at 0 for each row, with no attention mask: transformers then masks attention to each row's own tokens (its

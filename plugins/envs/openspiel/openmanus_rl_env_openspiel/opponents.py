@@ -7,9 +7,8 @@ one name per other seat, in seat order.
 - ``bot:minimax``: alpha-beta search of the whole game tree (``open_spiel.python.algorithms.minimax``), for
   two-player zero-sum perfect-information games without chance that are small enough to search to the end;
 - ``bot:cfr``: a near-equilibrium player, CFR+'s average policy (``pyspiel.CFRPlusSolver``), its move drawn from
-  the policy's probabilities at the seat's information state; for the games whose tree is small enough to solve
-  (:data:`CFR_GAMES`). Against it a policy's expected loss is about its exploitability's share of what a best
-  response would take;
+  the policy's probabilities at the seat's information state; for the two-player games whose tree is small enough
+  to solve (:data:`CFR_GAMES`);
 - ``self`` (one name for every seat): the policy plays every seat, each seat its own episode (:mod:`.tables`);
   validation tasks and single episodes (the warm-up's) play ``val_opponent`` instead;
 - ``pool`` (one name for every seat): snapshots of the policy's earlier behaviour in this run (:mod:`.pool`).
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["OPPONENTS", "SELF", "make", "check", "minimax_problem", "cfr_problem", "seat_opponents"]
 
@@ -93,7 +92,7 @@ class CFROpponent(Opponent):
 
     @staticmethod
     def problem(game: Any, game_string: str, label: str) -> str | None:
-        return cfr_problem(game_string, label)
+        return cfr_problem(game, game_string, label)
 
     def __init__(self, game: Any, seed: int, simulations: int):
         self.policy, self.rng = _solved(str(game)), random.Random(seed)
@@ -123,7 +122,7 @@ def _solved(game_string: str) -> Any:
     return _Solved(solver.average_policy(), solver)  # the C++ policy reads the solver's tables: it must outlive it
 
 
-OPPONENTS: dict[str, Callable[..., Any]] = {"random": RandomOpponent, "bot:mcts": MCTSOpponent,
+OPPONENTS: dict[str, type[Opponent]] = {"random": RandomOpponent, "bot:mcts": MCTSOpponent,
                                             "bot:minimax": MinimaxOpponent, "bot:cfr": CFROpponent}
 
 
@@ -142,9 +141,11 @@ def minimax_problem(game: Any, label: str) -> str | None:
     return None
 
 
-def cfr_problem(game_string: str, label: str) -> str | None:
+def cfr_problem(game: Any, game_string: str, label: str) -> str | None:
     if game_string.split("(", 1)[0].strip() not in CFR_GAMES:
         return f"{label} solves games whose tree is small enough to walk every iteration: {', '.join(CFR_GAMES)}"
+    if game.num_players() != 2:
+        return f"{label} plays an equilibrium of two-player zero-sum games; this one has {game.num_players()} players"
     return None
 
 

@@ -207,6 +207,9 @@ def test_chance_in_play_and_three_players():
     ("env.kwargs.game=tic_tac_toe env.kwargs.opponent=bot:cfr", r"^env\.kwargs\.opponent=bot:cfr: tic_tac_toe: "
                                                                 r"bot:cfr solves games whose tree is small enough to "
                                                                 r"walk every iteration: kuhn_poker, leduc_poker"),
+    ('env.kwargs.game="kuhn_poker(players=3)" env.kwargs.opponent=bot:cfr',
+     r"^env\.kwargs\.opponent=bot:cfr: kuhn_poker\(players=3\): bot:cfr plays an equilibrium of two-player zero-sum "
+     r"games; this one has 3 players"),
     ("env.kwargs.game=connect_four env.kwargs.opponent=bot:minimax", r"^env\.kwargs\.opponent=bot:minimax: "
                                                                      r"connect_four: bot:minimax searches the whole "
                                                                      r"game tree, and this game lasts up to 42 moves"),
