@@ -94,6 +94,8 @@ def _over_choices(logits: torch.Tensor, responses: torch.Tensor, choices: torch.
     z = torch.where(on.unsqueeze(-1), z, torch.zeros_like(z))  # a free position: any finite row, not read
     token = logits.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     logp = torch.where(on, token - torch.logsumexp(z, dim=-1), logp)
+    if entropy is None and not with_choices:  # the log-probs alone (old and reference log-probs)
+        return logp, None, None
     lsm = torch.log_softmax(z, dim=-1).masked_fill(~allowed, 0.0)
     if entropy is not None:
         entropy = torch.where(on, -(lsm.exp() * lsm).masked_fill(~allowed, 0.0).sum(-1), entropy)
