@@ -17,7 +17,10 @@ advantage      ``openmanus_rl.advantages``   ``estimator(batch, **cfg) -> (advan
                                              whose instance (one a run) is that; its ``state_dict()`` and
                                              ``load_state_dict(state)``, if it has them, ride in the checkpoint;
                                              ``reads_turn_rewards = True``: it reads ``step_rewards``, so the KL
-                                             reward penalty (on tokens) is refused with it
+                                             reward penalty (on tokens) is refused with it;
+                                             ``values_choices = True``: with
+                                             ``algorithm.all_action_coeff`` it writes the batch's
+                                             ``choice_values``
 loss           ``openmanus_rl.losses``       ``loss(old_logprob, logprob, advantages, mask, **cfg)``
 engine         ``openmanus_rl.engines``      a :class:`RolloutEngine` class
 memory         ``openmanus_rl.memories``     a :class:`Memory` class

@@ -228,6 +228,30 @@ def test_the_kl_to_the_reference_over_the_allowed_tokens_pulls_each_by_its_proba
     assert float(p[1]) < 0.01 and abs(float(ent_grad[0, 0, 3])) < 0.05 < 0.3 < abs(float(grad[0, 0, 3]))
 
 
+def test_the_all_action_loss_moves_every_allowed_tokens_logit_by_its_value_whatever_its_probability():
+    """``all_action_loss``: at a choice the gradient on an allowed token's logit is ``-(Q(b) - mean_a Q(a))``,
+    whether or not the token was sampled and however unlikely it is; the gap is the best allowed token's value over
+    the policy's mean. A forced token and a free position read 0 and move nothing."""
+    from openmanus_rl_core.algorithms import all_action_loss
+    from openmanus_rl_core.workers.logprobs import _response_logprobs
+
+    logits = torch.tensor([[[0.0, 2.0, 0.5, -3.0, 1.0], [0.3, -1.0, 0.0, 2.0, 1.0], [1.0] * 5]],
+                          requires_grad=True)
+    choices = torch.tensor([[[1, 3, 4], [2, -1, -1], [-1, -1, -1]]])
+    over = _response_logprobs(logits, torch.tensor([[1, 2, 0]]), 1.0, False, choices, with_choices=True)[2]
+    values = torch.tensor([[[-1.0, 3.0, 0.5], [5.0, 0.0, 0.0], [0.0, 0.0, 0.0]]])
+    loss, gap = all_action_loss(over, values, choices)
+    p = torch.softmax(torch.tensor([2.0, -3.0, 1.0]), -1)
+    q = torch.tensor([-1.0, 3.0, 0.5])
+    assert float(gap[0, 0]) == pytest.approx(3.0 - float((p * q).sum()), rel=1e-5)
+    assert float(gap[0, 1]) == 0 and float(gap[0, 2]) == 0 and float(loss.detach()[0, 1:].abs().sum()) == 0
+    (grad,) = torch.autograd.grad(loss.sum(), logits)
+    assert torch.allclose(grad[0, 0, [1, 3, 4]], -(q - q.mean()), atol=1e-6)
+    # the nearly dropped token (p 0.005) gets the largest push up: its value, 3, is the highest
+    assert float(p[1]) < 0.01 and float(grad[0, 0, 3]) == pytest.approx(-(3.0 - 2.5 / 3), rel=1e-5)
+    assert float(grad[0, 0, [0, 2]].abs().sum()) == 0.0 and float(grad[0, 1:].abs().sum()) == 0.0
+
+
 @pytest.mark.vllm
 def test_vllm_holds_each_row_to_its_own_episodes_choices(tmp_path, tok):
     """Opt-in (``make test-vllm``): the same rollout on the vllm engine, whose rows carry their grammars to vLLM."""

@@ -66,6 +66,11 @@ def test_a_bad_value_is_one_line_and_exit_2_before_anything_starts(override, mes
     (["actr.lr=1"], "actr.lr=1: unknown key; did you mean actor.lr"),
     (["algorithm.ref_reset_steps=10"], "algorithm.ref_reset_steps=10: it moves the KL term's reference, and no KL"),
     (["algorithm.choice_kl_coeff=0.1"], "algorithm.choice_kl_coeff=0.1: it acts where a constraint chose the reply's"),
+    (["algorithm.all_action_coeff=1"], "algorithm.all_action_coeff=1.0: it moves the tokens a constraint allowed, and "
+                                       "rollout.constrain_actions is off"),
+    (["algorithm.all_action_coeff=1", "rollout.constrain_actions=true"],
+     "algorithm.all_action_coeff=1.0: it reads each allowed token's value, and algorithm.adv_estimator=grpo gives "
+     "none; use value_table"),
     (["env=key_dor"], "env=key_dor: no such option; did you mean env=key_door"),
     (["algorithm.loss_cfg.clip_low=0.1", "algorithm.kl_ctrl.type=pid"],
      "algorithm.kl_ctrl.type=pid: allowed values are fixed, adaptive"),

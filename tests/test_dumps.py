@@ -37,7 +37,8 @@ def _batch(rows: int = 3, width: int = 5) -> Batch:
                "versions": torch.tensor([[3, -1]] * rows), "valid": torch.tensor([True] * (rows - 1) + [False]),
                "forced": torch.tensor([[1.0, 0.0]] + [[0.0, 0.0]] * (rows - 1)),
                "choice_ids": torch.tensor([[[7, -1, -1], [-1, -1, -1]]] + [[[3, 4, 9], [-1, -1, -1]]] * (rows - 1)),
-               "ref_choice_log_probs": torch.randn(rows, 2, 3, generator=g)}
+               "ref_choice_log_probs": torch.randn(rows, 2, 3, generator=g),
+               "choice_values": torch.randn(rows, 2, 3, generator=g)}
     non_tensors = {"task_id": list(range(rows)), "group_ids": ["g0"] * 2 + ["g1"] * (rows - 2),
                    "uid": [f"u{i}" for i in range(rows)], "reward": [0.5] * rows, "reward_parts": [{"goal": 0.5}] * rows,
                    "termination": ["done"] * (rows - 1) + ["env_error"], "success": [True] * rows,

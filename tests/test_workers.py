@@ -121,15 +121,9 @@ def test_update_moves_the_policy_and_sync_pushes_it_into_the_engine(actor):
         assert torch.equal(after[k], v), k
 
 
-def test_the_choice_kl_brings_back_an_allowed_token_the_policy_learned_to_drop(model_dir, dist_group):
-    """``algorithm.choice_kl_coeff``: a policy trained to pick the sampled token of two allowed ones, then updated
-    with no advantage at all, moves back toward the reference's even choice; with the coefficient at 0 it does not.
-    The logged ``actor/choice_kl`` is KL(reference || policy) over the allowed tokens."""
-    from openmanus_rl_core.algorithms import choice_kl
-
-    w = ActorWorker(_cfg("actor.lr=5e-2", "algorithm.choice_kl_coeff=1.0"), rank=0, world_size=1,
-                    model_dir=model_dir, total_steps=30)
-    w.setup(*dist_group)
+def _one_choice_of_two(w):
+    """A rollout batch whose rows each train one position, a choice between the token sampled there and the next
+    id: ``(batch, choice_ids, rows, positions, the batch's response mask)``."""
     batch, _ = _rollout_batch(w)
     first = batch["response_mask"].float().argmax(-1)  # each row's first response position
     rows = torch.arange(len(first))
@@ -140,6 +134,27 @@ def test_the_choice_kl_brings_back_an_allowed_token_the_policy_learned_to_drop(m
     mask = batch["response_mask"].clone()
     batch["response_mask"] = torch.zeros_like(mask)
     batch["response_mask"][rows, first] = 1.0  # only the choice is trained
+    return batch, choices, rows, first, mask
+
+
+def _updates_from(w, state, batch, key, coeff, metric):
+    """Three updates from the same weights and optimizer moments with ``algorithm.<key> = coeff``; the first's
+    ``metric``."""
+    w.load_state(state["model"], state["optimizer"], state["scheduler"], state["rng"])
+    setattr(w.cfg.algorithm, key, coeff)
+    return [w.update(batch, step=step) for step in range(6, 9)][0][metric]
+
+
+def test_the_choice_kl_brings_back_an_allowed_token_the_policy_learned_to_drop(model_dir, dist_group):
+    """``algorithm.choice_kl_coeff``: a policy trained to pick the sampled token of two allowed ones, then updated
+    with no advantage at all, moves back toward the reference's even choice; with the coefficient at 0 it does not.
+    The logged ``actor/choice_kl`` is KL(reference || policy) over the allowed tokens."""
+    from openmanus_rl_core.algorithms import choice_kl
+
+    w = ActorWorker(_cfg("actor.lr=5e-2", "algorithm.choice_kl_coeff=1.0"), rank=0, world_size=1,
+                    model_dir=model_dir, total_steps=30)
+    w.setup(*dist_group)
+    batch, choices, rows, first, mask = _one_choice_of_two(w)
     batch["ref_choice_log_probs"] = w.compute_log_probs(batch, with_old=False)["ref_choice_log_probs"]
 
     def other():  # the policy's probability of the allowed token it was not trained toward, and its KL
@@ -155,17 +170,42 @@ def test_the_choice_kl_brings_back_an_allowed_token_the_policy_learned_to_drop(m
         w.update(batch, step=step)
     dropped, state = other(), w.get_state()
     batch["advantages"] = torch.zeros_like(mask)
-
-    def three_updates(coeff):  # from the same weights and optimizer moments
-        w.load_state(state["model"], state["optimizer"], state["scheduler"], state["rng"])
-        w.cfg.algorithm.choice_kl_coeff = coeff
-        metrics = [w.update(batch, step=step) for step in range(6, 9)]
-        return other(), metrics[0]["actor/choice_kl"]
-
-    (held, logged), (pulled, _) = three_updates(0.0), three_updates(1.0)
+    logged = _updates_from(w, state, batch, "choice_kl_coeff", 0.0, "actor/choice_kl")
+    held = other()
+    _updates_from(w, state, batch, "choice_kl_coeff", 1.0, "actor/choice_kl")
+    pulled = other()
     assert abs(start[0] - 0.5) < 0.05 and start[1] < 0.01  # the reference is this policy before training
     assert dropped[0] < 0.05 and math.isclose(logged, dropped[1], rel_tol=1e-4)
     assert held[0] < dropped[0] and pulled[0] > 0.1 and pulled[1] < 0.5 * held[1]
+
+
+def test_the_all_action_loss_brings_back_a_dropped_token_whose_value_is_higher(model_dir, dist_group):
+    """``algorithm.all_action_coeff``: a policy trained to pick the sampled token of two allowed ones (the other's
+    probability below 0.05), then updated with no advantage and the other token valued 1 above it, takes that token
+    back within three updates; with the coefficient at 0 it does not. The logged ``actor/choice_value_gap`` is the
+    best token's value over the policy's mean."""
+    w = ActorWorker(_cfg("actor.lr=5e-2"), rank=0, world_size=1, model_dir=model_dir, total_steps=30)
+    w.setup(*dist_group)
+    batch, choices, rows, first, mask = _one_choice_of_two(w)
+
+    def other():  # the policy's probability of the allowed token it was not trained toward
+        with torch.no_grad():
+            logp = sequence_logprobs(w.model, batch, with_choices=True)[2]
+        return float(logp[rows, first, 1].exp().mean())
+
+    batch["advantages"] = batch["response_mask"].clone()
+    for step in range(1, 6):
+        w.update(batch, step=step)
+    dropped, state = other(), w.get_state()
+    batch["advantages"] = torch.zeros_like(mask)
+    batch["choice_values"] = torch.zeros(*choices.shape)
+    batch["choice_values"][rows, first, 1] = 1.0  # the dropped token is worth 1 more than the sampled one
+    logged = _updates_from(w, state, batch, "all_action_coeff", 0.0, "actor/choice_value_gap")
+    held = other()
+    _updates_from(w, state, batch, "all_action_coeff", 1.0, "actor/choice_value_gap")
+    pulled = other()
+    assert dropped < 0.05 and math.isclose(logged, 1.0 - dropped, rel_tol=1e-3)
+    assert held <= dropped * 1.01 and pulled > 0.1
 
 
 LEAN = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]

@@ -41,6 +41,7 @@ from .kl import (
 from .losses import (
     LOSS_AGG_MODES,
     agg_loss,
+    all_action_loss,
     entropy_from_logits,
     masked_mean,
     masked_sum,
@@ -59,6 +60,7 @@ __all__ = [
     "FixedKLController",
     "make_kl_controller",
     "agg_loss",
+    "all_action_loss",
     "apply_kl_penalty",
     "choice_kl",
     "compute_gae",

@@ -15,6 +15,7 @@ import torch
 __all__ = [
     "LOSS_AGG_MODES",
     "agg_loss",
+    "all_action_loss",
     "entropy_from_logits",
     "masked_mean",
     "masked_sum",
@@ -156,6 +157,34 @@ def agg_loss(
 
 
 # ---------------------------------------------------------------------------------------------- policy loss
+def all_action_loss(logp_choices: torch.Tensor, values: torch.Tensor,
+                    choice_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The all-action loss at each position where a constraint allowed several tokens, and that position's value
+    gap; both ``[B, R]``, 0 where the reply was free or a token was forced.
+
+    ``logp_choices`` ``[B, R, K]``: the policy's log-probabilities of the allowed tokens, renormalised over them
+    (``workers/logprobs.py``); ``values`` ``[B, R, K]``: each allowed token's value (the value table's
+    ``choice_values``); both laid out as ``choice_ids`` (ids, -1 padding). The loss is
+    ``-sum_b (Q(b) - mean_a Q(a)) log pi(b)`` with the values held fixed (``mean_a`` over the allowed tokens): its
+    gradient on the logit of allowed token ``b`` is ``-(Q(b) - mean_a Q(a))``, each token's logit moved by its value
+    whatever its probability (Neural Replicator Dynamics, Hennes et al. 2020; the shift common to every token leaves
+    the policy as the replicator's ``Q(b) - sum_a pi(a) Q(a)`` would). Unlike the policy gradient's expectation
+    ``pi(b) (Q(b) - V)``, the push does not vanish as a token's probability does, so a token the policy has nearly
+    dropped comes back once its value beats the others'. The gap is ``max_b Q(b) - sum_a pi(a) Q(a)``, what the best
+    allowed token is worth over the policy's mean.
+    """
+    allowed = choice_ids >= 0
+    on = allowed[..., 1]
+    k = allowed.sum(-1, keepdim=True).clamp_min(1)
+    q = values.to(logp_choices.dtype).masked_fill(~allowed, 0.0)
+    centred = (q - q.sum(-1, keepdim=True) / k).masked_fill(~allowed, 0.0)
+    loss = -(centred * logp_choices.masked_fill(~allowed, 0.0)).sum(-1)
+    pi = logp_choices.detach().exp().masked_fill(~allowed, 0.0)
+    gap = q.masked_fill(~allowed, float("-inf")).amax(-1) - (pi * q).sum(-1)
+    zero = torch.zeros((), dtype=logp_choices.dtype, device=logp_choices.device)
+    return torch.where(on, loss, zero), torch.where(on, gap, zero)
+
+
 def policy_loss(
     old_logprob: torch.Tensor,
     logprob: torch.Tensor,

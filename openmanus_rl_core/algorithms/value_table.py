@@ -18,6 +18,17 @@ role saw, rather than with the whole game's result: a move that leaves a win ope
 come from earlier steps only (a sample's own return is never in its baseline); this step's returns then update
 them, a state's mean over its last ``window`` visits (step size ``1 / min(visits, window)``: the policy moves, so
 old returns fade). The table is the estimator's state and lives in the run's checkpoint.
+
+**Action values** (``algorithm.all_action_coeff``, replies decoded under ``rollout.constrain_actions``). At each
+position of a reply where the constraint allowed more than one token, the table also keeps, for each token taken
+there, the mean return of the replies that took it: keyed by the role, the observation and the reply's tokens up to
+and including that one, so a token's value is that of the action it begins or spells, averaged over how the policy
+went on. The batch's ``choice_values`` ``[B, R, K]`` (laid out as ``choice_ids``) give each allowed token its value
+from earlier steps; a token never taken there reads the mean of those that were (the state's value where none was),
+so that, with no evidence either way, it is neither pushed nor held back. The actor's all-action loss
+(:func:`~.losses.all_action_loss`) moves every allowed token's logit by it, not the sampled one alone: an action the
+policy has stopped taking keeps the value it showed, and its logit goes up while that value beats the other allowed
+tokens', however unlikely the action has become.
 """
 
 from __future__ import annotations
@@ -40,26 +51,39 @@ class ValueTable:
     through a checkpoint."""
 
     reads_turn_rewards = True  # its returns are the turns' rewards (the KL reward penalty is on tokens)
+    values_choices = True  # with algorithm.all_action_coeff it writes the batch's choice_values (config rule)
 
     def __init__(self) -> None:
         self.states: dict[tuple[str, str], list[float]] = {}  # (role, observation) -> [mean return, visits]
         self.turns: dict[tuple[str, int], list[float]] = {}  # (role, turn index) -> [mean return, visits]
+        # (role, observation, the reply's tokens up to a choice's) -> [mean return, visits]
+        self.actions: dict[tuple[str, str, tuple[int, ...]], list[float]] = {}
 
     def __call__(self, batch: Any, **cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(advantages, advantages)``; with ``all_action_coeff`` set and a batch decoded under a constraint
+        (``choice_ids``), it also writes the batch's ``choice_values``."""
         batch.require("response_mask", "step_ids", "anchor_obs", "step_rewards", "roles",
                       who="advantage estimator 'value_table'")
-        adv = self.advantages(batch["response_mask"], batch["step_ids"], batch["step_rewards"], batch["anchor_obs"],
-                              batch["roles"], gamma=cfg["gamma"], lam=cfg["lam"], window=cfg["value_window"],
-                              valid=batch.get("valid"), episode_ids=batch.get("episode_ids"))
+        choices = None
+        if cfg.get("all_action_coeff") and "choice_ids" in batch:
+            choices = (batch["responses"], batch["choice_ids"])
+        adv, values = self.advantages(batch["response_mask"], batch["step_ids"], batch["step_rewards"],
+                                      batch["anchor_obs"], batch["roles"], gamma=cfg["gamma"], lam=cfg["lam"],
+                                      window=cfg["value_window"], valid=batch.get("valid"),
+                                      episode_ids=batch.get("episode_ids"), choices=choices)
+        if values is not None:
+            batch["choice_values"] = values
         return adv, adv
 
     @torch.no_grad()
     def advantages(self, response_mask: torch.Tensor, step_ids: torch.Tensor, step_rewards: Any, anchor_obs: Any,
                    roles: Any, gamma: float, lam: float, window: int, valid: Any = None,
-                   episode_ids: Any = None) -> torch.Tensor:
-        """``[B, T]`` advantages of a batch against the table, then the table updated with the batch's returns.
-        Inputs as in :func:`~.steps.compute_state_baseline`; samples not ``valid`` get 0 and leave the table as it
-        was."""
+                   episode_ids: Any = None, choices: tuple[torch.Tensor, torch.Tensor] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``([B, T] advantages, choice values or None)`` of a batch against the table, then the table updated with
+        the batch's returns. Inputs as in :func:`~.steps.compute_state_baseline`; samples not ``valid`` get 0 and
+        leave the table as it was. ``choices``: the batch's ``(responses [B, R], choice_ids [B, R, K])``; then the
+        second value is ``choice_values`` ``[B, R, K]`` (module docstring), 0 where ``choice_ids`` is -1."""
         if int(window) < 1:
             raise ValueError(f"value_window must be at least 1, got {window!r}")
         gamma, lam = _check_discount("gamma", gamma), _check_discount("lam", lam)
@@ -84,6 +108,10 @@ class ValueTable:
         delta = torch.where(steps, rewards + gamma * following - values, zero)
         adv = torch.where(counted, _reverse_discounted_cumsum(delta, gamma * lam), zero)
         returns = _reverse_discounted_cumsum(rewards, gamma)
+        choice_values = None
+        if choices is not None:
+            choice_values = self._choice_values(choices, step_ids, m, labels, observations, values, returns, counted,
+                                                row_episode, int(window))
         for e, k in counted.nonzero().tolist():
             self._visit(self.states, (labels[e], str(observations[e][k])), float(returns[e, k]), int(window))
             self._visit(self.turns, (labels[e], k), float(returns[e, k]), int(window))
@@ -91,7 +119,39 @@ class ValueTable:
         if row_episode is not None:
             adv, num_steps = adv[row_episode], num_steps[row_episode]
         token_adv = _turns_to_tokens(adv, num_steps, step_ids)
-        return torch.where(m, token_adv, zero).to(_float_dtype(response_mask))
+        return torch.where(m, token_adv, zero).to(_float_dtype(response_mask)), choice_values
+
+    def _choice_values(self, choices: tuple[torch.Tensor, torch.Tensor], step_ids: torch.Tensor, mask: torch.Tensor,
+                       labels: list[str], observations: list[list], values: torch.Tensor, returns: torch.Tensor,
+                       counted: torch.Tensor, row_episode: torch.Tensor | None, window: int) -> torch.Tensor:
+        """The batch's ``choice_values`` from the action table as earlier steps left it, then the table updated
+        with this batch's returns (each choice a reply made, keyed by its tokens up to it)."""
+        responses, choice_ids = choices
+        turn_of, ids, allowed = step_ids.long().cpu(), responses.long().cpu(), choice_ids.long().cpu()
+        out = torch.zeros(allowed.shape, dtype=torch.float32)
+        chosen = (allowed[..., 1] >= 0) & mask.cpu() & (turn_of >= 0)  # two tokens or more were allowed
+        visits = []
+        for b, t in chosen.nonzero().tolist():
+            e = b if row_episode is None else int(row_episode[b])
+            k = int(turn_of[b, t])
+            if not bool(counted[e, k]):
+                continue
+            start = t
+            while start > 0 and int(turn_of[b, start - 1]) == k:
+                start -= 1
+            state = (labels[e], str(observations[e][k]))
+            prefix = tuple(ids[b, start:t].tolist())
+            found = [self.actions.get((*state, prefix + (token,))) if token >= 0 else None
+                     for token in allowed[b, t].tolist()]
+            known = [entry[0] for entry in found if entry]
+            unknown = sum(known) / len(known) if known else float(values[e, k])
+            for i, token in enumerate(allowed[b, t].tolist()):
+                if token >= 0:
+                    out[b, t, i] = found[i][0] if found[i] else unknown
+            visits.append(((*state, prefix + (int(ids[b, t]),)), float(returns[e, k])))
+        for key, ret in visits:
+            self._visit(self.actions, key, ret, window)
+        return out.to(choice_ids.device)
 
     def _value(self, role: str, turn: int, observation: Any) -> float:
         found = self.states.get((role, str(observation))) or self.turns.get((role, turn))
@@ -104,10 +164,14 @@ class ValueTable:
         entry[0] += (ret - entry[0]) / min(entry[1], window)
 
     def state_dict(self) -> dict[str, list]:
-        """The table as lists (``[role, observation or turn index, mean, visits]`` rows), for a checkpoint."""
+        """The table as lists (``[role, observation or turn index, mean, visits]`` rows; action values ``[role,
+        observation, tokens, mean, visits]``), for a checkpoint."""
         return {"states": [[r, o, v, n] for (r, o), (v, n) in self.states.items()],
-                "turns": [[r, k, v, n] for (r, k), (v, n) in self.turns.items()]}
+                "turns": [[r, k, v, n] for (r, k), (v, n) in self.turns.items()],
+                "actions": [[r, o, list(p), v, n] for (r, o, p), (v, n) in self.actions.items()]}
 
     def load_state_dict(self, state: dict[str, list]) -> None:
         self.states = {(str(r), str(o)): [float(v), int(n)] for r, o, v, n in state["states"]}
         self.turns = {(str(r), int(k)): [float(v), int(n)] for r, k, v, n in state["turns"]}
+        self.actions = {(str(r), str(o), tuple(int(t) for t in p)): [float(v), int(n)]
+                        for r, o, p, v, n in state.get("actions", [])}  # a checkpoint from before action values

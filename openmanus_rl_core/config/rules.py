@@ -124,6 +124,22 @@ def _rule_choice_kl(c: Config) -> str | None:
     return None
 
 
+def _rule_all_action(c: Config) -> str | None:
+    a = c.algorithm
+    if not a.all_action_coeff:
+        return None
+    if not c.rollout.constrain_actions:
+        return (f"algorithm.all_action_coeff={a.all_action_coeff}: it moves the tokens a constraint allowed, and "
+                f"rollout.constrain_actions is off; turn it on or leave the coefficient at 0")
+    from openmanus_rl_core.plugin.registry import registry
+
+    estimators = registry("advantage")
+    if a.adv_estimator in estimators.names() and not getattr(estimators.get(a.adv_estimator), "values_choices", False):
+        return (f"algorithm.all_action_coeff={a.all_action_coeff}: it reads each allowed token's value, and "
+                f"algorithm.adv_estimator={a.adv_estimator} gives none; use value_table or leave the coefficient at 0")
+    return None
+
+
 def _rule_agent(c: Config) -> str | None:
     g = c.agent
     if g.command and g.function:
@@ -146,4 +162,4 @@ def _rule_constrained_engine(c: Config) -> str | None:
 # Cross-field rules of a training run: each returns one line naming the key and value, or None.
 RULES = (_rule_group_size, _rule_critic, _rule_turn_rewards, _rule_reply_budget, _rule_sample_budget, _rule_correction,
          _rule_replicate_precision, _rule_overlap_update, _rule_model_folders, _rule_ref_reset,
-         _rule_choice_kl, _rule_agent, _rule_constrained_engine)
+         _rule_choice_kl, _rule_all_action, _rule_agent, _rule_constrained_engine)

@@ -122,6 +122,8 @@ class AlgorithmConfig:
     choice_kl_coeff: float = opt(0.0, "add this times KL(reference || policy), exact over the tokens a constraint "
                                  "allowed (rollout.constrain_actions), to the loss: unlike the sampled KL loss, it "
                                  "pulls back an action the policy has nearly dropped (algorithms/kl.py)", ge=0)
+    all_action_coeff: float = opt(0.0, "value_table, rollout.constrain_actions: add this times the all-action loss, "
+                                  "every allowed token moved by its table value (algorithms/value_table.py)", ge=0)
     recompute_old_log_probs: str = opt(
         "auto", "old log-probs of the ratio: auto (recompute when the update is off-policy within a step), "
         "true (always), false (never), rollout (the engine's sampling log-probs)",
@@ -137,8 +139,7 @@ class AlgorithmConfig:
                                  "reference is the policy RL starts from (after the warm-up, if any)")
     kl_penalty: str = opt("k1", "KL estimator of the reward penalty", choices=("k1", "k2", "k3", "abs"))
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
-    use_kl_loss: bool = opt(False, "add kl_loss_coef * KL(policy || reference) to the loss (reference: as "
-                            "use_kl_in_reward)")
+    use_kl_loss: bool = opt(False, "add kl_loss_coef * KL(policy || reference) to the loss (reference: as use_kl_in_reward)")
     kl_loss_coef: float = opt(0.001, "KL loss coefficient", ge=0)
     kl_loss_type: str = opt("k3", "KL estimator of the loss term", choices=("k1", "k2", "k3", "abs"))
     kl_loss_schedule: str = opt("constant", "kl_loss_coef over the run's steps: constant, or toward 0 at the run's "
@@ -206,8 +207,7 @@ class RolloutConfig:
     engine_kwargs: Dict[str, Any] = opt({}, "engine constructor arguments (checked by the engine)")
     n: int = opt("${algorithm.n}", "samples per task (the group size of group-based estimators)", ge=1)
     max_turns: int = opt("${env.max_turns}", "model replies per episode", ge=1)
-    max_prompt_tokens: int = opt(512, "memory=full: the first prompt's tokens (a longer one is cut, observation "
-                                      "first)", ge=1)
+    max_prompt_tokens: int = opt(512, "memory=full: the first prompt's tokens (a longer one is cut, observation first)", ge=1)
     max_response_tokens: int = opt(512, "memory=full: every token after the prompt (replies + observations) of an "
                                         "episode", ge=1)
     max_sample_tokens: int = opt(1024, "per-turn memories: one turn sample's tokens (context + reply); the context "

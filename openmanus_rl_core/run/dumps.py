@@ -16,7 +16,8 @@ turn of it with a per-turn memory). Columns:
   that generated each response token; -1 on observation tokens), ``choice_ids`` and ``forced`` (where a
   constraint decoded the replies: the tokens it allowed at each position, ``[B, R, K]`` stored as a row of R * K
   values, and 1 where it allowed one), ``ref_choice_log_probs`` (with ``algorithm.choice_kl_coeff``: the
-  reference's log-probabilities of those tokens, laid out as ``choice_ids``);
+  reference's log-probabilities of those tokens, laid out as ``choice_ids``), ``choice_values`` (with
+  ``algorithm.all_action_coeff``: each allowed token's value from the value table, laid out the same);
 - how it went: ``reward``, ``reward_parts`` (JSON, per component), ``termination``, ``env_error``, ``invalid`` (the
   sample's replies the template could not read), ``success``, ``valid`` (False: an env error left out of the loss).
 
@@ -53,7 +54,7 @@ TENSORS = {"input_ids": "int64", "attention_mask": "int64", "position_ids": "int
            "ref_log_probs": "float32", "token_level_scores": "float32", "token_level_rewards": "float32",
            "advantages": "float32", "returns": "float32", "values": "float32", "versions": "int64",
            "step_ids": "int64", "valid": "bool", "forced": "float32", "choice_ids": "int64",
-           "ref_choice_log_probs": "float32"}
+           "ref_choice_log_probs": "float32", "choice_values": "float32"}
 
 
 class DumpError(ValueError):

@@ -263,7 +263,8 @@ class Trainer:
 
     def phase_advantages(self, batch, metrics: dict[str, float]) -> None:
         """``token_level_rewards`` (the scores, minus ``beta * kl`` with a KL reward penalty), then ``advantages``
-        and ``returns`` from the estimator ``algorithm.adv_estimator``."""
+        and ``returns`` from the estimator ``algorithm.adv_estimator`` (with ``algorithm.all_action_coeff`` the value
+        table also writes each allowed token's value, ``choice_values``)."""
         from openmanus_rl_core.algorithms import apply_kl_penalty
 
         algo = self.algo

@@ -37,7 +37,8 @@ def actor_batch(batch: Any, correction: str) -> Any:
     entropy bonus and the KL, and their token means average over the choices alone. The batch's own
     ``response_mask`` keeps it, since the reward and the advantages are placed over the whole reply."""
     keys = [*LEAN_KEYS, "advantages",
-            *(k for k in ("old_log_probs", "ref_log_probs", "choice_ids", "ref_choice_log_probs") if k in batch),
+            *(k for k in ("old_log_probs", "ref_log_probs", "choice_ids", "ref_choice_log_probs", "choice_values")
+              if k in batch),
             *(["rollout_log_probs"] if correction == "tis" else [])]
     out = batch.select(keys)
     if "forced" in batch:

@@ -237,8 +237,10 @@ class ActorWorker(Worker):
         log-probs are the detached current ones). With ``use_kl_loss`` also ``ref_log_probs``.
 
         Per mini-batch: ``loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl + choice_kl_coeff *
-        choice_kl`` (the KL coefficient on ``algorithm.kl_loss_schedule``; ``choice_kl`` where the batch has
-        ``ref_choice_log_probs``: :func:`~openmanus_rl_core.algorithms.kl.choice_kl`); gradients are clipped to
+        choice_kl + all_action_coeff * all_action`` (the KL coefficient on ``algorithm.kl_loss_schedule``;
+        ``choice_kl`` where the batch has ``ref_choice_log_probs``: :func:`~openmanus_rl_core.algorithms.kl.choice_kl`;
+        ``all_action`` where it has ``choice_values``:
+        :func:`~openmanus_rl_core.algorithms.losses.all_action_loss`); gradients are clipped to
         ``actor.grad_clip``; a non-finite loss or gradient norm (on any rank) skips the optimizer step. At a step
         that is a multiple of ``algorithm.ref_reset_steps`` the updated policy then becomes the reference.
         """
@@ -261,7 +263,7 @@ class ActorWorker(Worker):
 
     def _policy_loss(self):
         """``part_loss(micro_batch) -> (loss, stats)``: the policy loss of :meth:`update` on one micro-batch."""
-        from openmanus_rl_core.algorithms import agg_loss, choice_kl, kl_penalty
+        from openmanus_rl_core.algorithms import agg_loss, all_action_loss, choice_kl, kl_penalty
         from openmanus_rl_core.algorithms.correction import correction_mode, truncated_is_weights
         from openmanus_rl_core.plugin.registry import registry
 
@@ -278,7 +280,8 @@ class ActorWorker(Worker):
             logp, entropy, choice_logp = sequence_logprobs(self.model, part, self.temperature, with_entropy=True,
                                                            pack=self.optim_cfg.pack_rows,
                                                            share_prompts=self.share_prompts,
-                                                           with_choices="ref_choice_log_probs" in part)
+                                                           with_choices="ref_choice_log_probs" in part
+                                                           or "choice_values" in part)
             mask = part["response_mask"]
             old = part["old_log_probs"] if "old_log_probs" in part else logp.detach()
             adv, corr = part["advantages"], {}
@@ -297,11 +300,15 @@ class ActorWorker(Worker):
                 loss = loss + kl_coef * kl
                 stats["actor/kl_loss"] = float(kl.detach())
                 stats["actor/kl_loss_coef"] = kl_coef
-            if choice_logp is not None:
+            if "ref_choice_log_probs" in part:
                 ckl = agg_loss(choice_kl(choice_logp, part["ref_choice_log_probs"], part["choice_ids"]), mask,
                                agg_mode)
                 loss = loss + algo.choice_kl_coeff * ckl
                 stats["actor/choice_kl"] = float(ckl.detach())
+            if "choice_values" in part:
+                every, gap = all_action_loss(choice_logp, part["choice_values"], part["choice_ids"])
+                loss = loss + algo.all_action_coeff * agg_loss(every, mask, agg_mode)
+                stats["actor/choice_value_gap"] = float(agg_loss(gap, mask, agg_mode))
             return loss, stats
 
         return part_loss

@@ -19,10 +19,10 @@ import torch
 
 from openmanus_rl_core.batch import Batch
 
-# Row-aligned tensors of the response layout ``[B, R]`` (``choice_ids`` and ``ref_choice_log_probs``:
-# ``[B, R, K]``): cut to the micro-batch's longest response.
+# Row-aligned tensors of the response layout ``[B, R]`` (``choice_ids``, ``ref_choice_log_probs`` and
+# ``choice_values``: ``[B, R, K]``): cut to the micro-batch's longest response.
 RESPONSE_KEYS = ("responses", "response_mask", "advantages", "old_log_probs", "ref_log_probs", "rollout_log_probs",
-                 "values", "returns", "choice_ids", "ref_choice_log_probs")
+                 "values", "returns", "choice_ids", "ref_choice_log_probs", "choice_values")
 # Row-aligned tensors of the whole sequence ``[B, P + R]``.
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
 

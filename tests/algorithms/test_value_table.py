@@ -57,6 +57,47 @@ def test_lambda_zero_credits_each_turn_with_the_change_in_value_it_made():
     assert adv.states == table.states and adv.turns == table.turns  # the checkpoint's round trip
 
 
+def test_action_values_give_each_allowed_token_the_mean_return_of_the_replies_that_took_it():
+    """With ``all_action_coeff`` and a constrained batch, the table keys each choice a reply made by its role, its
+    observation and the reply's tokens up to it; ``choice_values`` give each allowed token its value from earlier
+    steps, the mean of the taken tokens' where it was never taken (the state's value where none was), and 0 at
+    forced tokens and off the replies."""
+    def batch(rewards):
+        b = _batch([[r] for r in rewards], [["J"]] * len(rewards), ["s0"] * len(rewards))  # [reply, reply, obs]
+        b["responses"] = torch.tensor([[5, 8, 0], [6, 8, 0], [5, 9, 0]])[:len(rewards)]
+        # position 0: tokens 5, 6 or 7; position 1: 8 or 9 after 5, forced 8 after 6; position 2: an observation
+        allowed = {5: [[5, 6, 7], [8, 9, -1]], 6: [[5, 6, 7], [8, -1, -1]]}
+        b["choice_ids"] = torch.tensor([allowed[int(r[0])] + [[-1, -1, -1]] for r in b["responses"]])
+        return b
+
+    cfg = {**CFG, "all_action_coeff": 1.0}
+    table = ValueTable()
+    first = batch([1.0, -1.0, 3.0])
+    table(first, **cfg)
+    assert torch.equal(first["choice_values"], torch.zeros(3, 3, 3))  # an empty table: every state's value is 0
+    assert table.actions[("s0", "J", (5,))] == [pytest.approx(2.0), 2]  # replies 0 and 2 took token 5
+    assert table.actions[("s0", "J", (6,))] == [pytest.approx(-1.0), 1]
+    assert table.actions[("s0", "J", (5, 8))] == [pytest.approx(1.0), 1]
+    assert table.actions[("s0", "J", (5, 9))] == [pytest.approx(3.0), 1]
+    assert ("s0", "J", (6, 8)) not in table.actions  # forced: no choice there
+    second = batch([0.0, 0.0])
+    table(second, **cfg)
+    v = 0.5  # token 7 was never taken: the mean of the values of 5 and 6 (2 and -1)
+    assert second["choice_values"][0].tolist() == [[2.0, -1.0, v], [1.0, 3.0, 0.0], [0.0, 0.0, 0.0]]
+    assert second["choice_values"][1].tolist() == [[2.0, -1.0, v], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    third = batch([0.0])
+    third["anchor_obs"] = [["Q"]]
+    ValueTable.load_state_dict(table, {**table.state_dict(), "states": [["s0", "Q", -4.0, 3]]})
+    table(third, **cfg)  # a state no choice was made at yet: every token reads the state's value
+    assert third["choice_values"][0, 0].tolist() == [-4.0, -4.0, -4.0]
+    restored = ValueTable()
+    restored.load_state_dict(table.state_dict())
+    assert restored.actions == table.actions
+    plain = batch([1.0])
+    ValueTable()(plain, **CFG)  # the coefficient unset: no action values
+    assert "choice_values" not in plain
+
+
 def test_roles_windows_invalid_samples_and_turn_samples():
     table = ValueTable()
     # The two seats at the same observation text are two states; the window of 2 weighs the latest returns.
