@@ -14,8 +14,9 @@ from earlier steps only, as ``algorithm.adv_estimator=value_table`` keeps them. 
   ``A * (onehot(a) - pi)``. This is what a self-play run of bench/selfplay.py's ``table`` row does, without the model.
 - ``qpg``: every legal action moved by its own value, the policy gradient's expectation (all-action policy
   gradient): at each visit the gradient on action ``b`` is ``pi(b) * (Q(s, b) - sum_c pi(c) Q(s, c))``, ``Q`` the
-  mean return after taking ``b`` at ``s`` (the state's value where never taken). In tic-tac-toe ``Q(s, b)`` is the
-  value of the board the move leaves, which other orders of the same moves share.
+  mean return after taking ``b`` at ``s`` (where never taken, the mean of the actions' that were; the state's value
+  where none was). In tic-tac-toe ``Q(s, b)`` is the value of the board the move leaves, which other orders of the
+  same moves share.
 - ``pg+all``: ``pg`` plus 0.3 times each legal action's logit moved by ``Q(s, b) - mean_c Q(s, c)`` (no ``pi(b)``
   factor, so a dropped action comes back once its value is the better one; logits kept within +-20). This is the
   update of a run with ``algorithm.adv_estimator=value_table algorithm.all_action_coeff=0.3`` (docs/selfplay.md).
@@ -95,7 +96,10 @@ class Learner:
             if self.kind != "qpg":
                 g -= (ret - value) * p
                 g[i] += ret - value
-            q = np.array([self.action_values.get(k, [value])[0] for k in keys])
+            found = [self.action_values.get(k) for k in keys]
+            known = [entry[0] for entry in found if entry]
+            unknown = sum(known) / len(known) if known else value  # as the value table fills a token never taken
+            q = np.array([entry[0] if entry else unknown for entry in found])
             if self.kind == "qpg":
                 g += p * (q - p @ q)
             if self.kind == "pg+all":

@@ -1,6 +1,6 @@
 """``opponent=pool`` across a kill -9, as every run: with nothing set, the pool lives in the run's folder and in each
-checkpoint, as is the table of ``algorithm.adv_estimator=value_table``; a run killed after a checkpoint and resumed
-logs the same history up to the kill, finds exactly the checkpoint's snapshots (byte for byte, whatever happened to
+checkpoint, as is the table of ``algorithm.adv_estimator=value_table`` (its action values too); a run killed after a
+checkpoint and resumed logs the same history up to the kill, finds exactly the checkpoint's snapshots (byte for byte, whatever happened to
 the folder since), takes the later ones again, averages the policies the checkpoint kept with the later ones
 (``val/exploitability_average`` as before the kill), and its rollout dumps hold each seat's samples with the seat
 named."""
@@ -35,8 +35,10 @@ SETTINGS = ["+experiment=kuhn_selfplay", "env.kwargs.opponent=pool", "env.kwargs
             "algorithm.n=2", "env.train_tasks=32", "env.val_tasks=4", "model.corpus_tasks=8", "warmup.steps=60",
             "warmup.num_demos=64", "warmup.validate=false", "trainer.save_rollouts=true", "rollout.env_workers=1",
             "rollout.gen_wait_ms=5000", "rollout.top_k=2",
-            # the one estimator with state (its table of state values): resumed from the checkpoint as the pool is
-            "algorithm.adv_estimator=value_table", "algorithm.lam=0.5"]
+            # the one estimator with state (its table of state and action values): resumed from the checkpoint as
+            # the pool is
+            "algorithm.adv_estimator=value_table", "algorithm.lam=0.5", "rollout.constrain_actions=true",
+            "algorithm.all_action_coeff=0.3"]
 WALL_CLOCK = ("timing/", "perf/", "time/", "rollout/time_s", "rollout/episodes_per_s", "rollout/turns_per_s",
               "rollout/tokens_per_s")
 
@@ -73,6 +75,9 @@ def test_a_pool_run_killed_with_sigkill_resumes_with_its_history_its_pool_and_na
     assert sorted((role, turn) for role, turn, _, _ in values["turns"] if turn == 0) == [
         ("kuhn_poker:seat0", 0), ("kuhn_poker:seat1", 0)]
     assert sum(visits for _, turn, _, visits in values["turns"] if turn == 0) == 4 * 4
+    # and the action values of the replies' choices, each at a state the table holds
+    states = {(role, obs) for role, obs, _, _ in values["states"]}
+    assert values["actions"] and all((role, obs) in states for role, obs, _, _, _ in values["actions"])
 
     # after the kill the folder loses a snapshot the resumed steps draw from, and another one is altered
     (run / "pool" / "step_3.json").unlink()
