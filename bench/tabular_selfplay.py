@@ -18,8 +18,10 @@ from earlier steps only, as ``algorithm.adv_estimator=value_table`` keeps them. 
   where none was). In tic-tac-toe ``Q(s, b)`` is the value of the board the move leaves, which other orders of the
   same moves share.
 - ``pg+all``: ``pg`` plus 0.3 times each legal action's logit moved by ``Q(s, b) - mean_c Q(s, c)`` (no ``pi(b)``
-  factor, so a dropped action comes back once its value is the better one; logits kept within +-20). This is the
-  update of a run with ``algorithm.adv_estimator=value_table algorithm.all_action_coeff=0.3`` (docs/selfplay.md).
+  factor, so a dropped action comes back once its value is the better one). This is the update of a run with
+  ``algorithm.adv_estimator=value_table algorithm.all_action_coeff=0.3`` (docs/selfplay.md).
+
+Every learner's logits are kept within +-20.
 
 States are Leduc's information states (936) and tic-tac-toe's boards (5,478; the run's observation holds the moves'
 order, so a table keyed on it, as the value table is, sees more states). Scores: Leduc, OpenSpiel's exploitability
