@@ -64,9 +64,7 @@ class Learner:
 
     def policy(self, state) -> tuple[str, list[int], np.ndarray]:
         key, legal = self.key(state), state.legal_actions()
-        logits = self.logits.setdefault(key, np.zeros(self.num_actions))[legal]
-        p = np.exp(logits - logits.max())
-        return key, legal, p / p.sum()
+        return key, legal, _softmax(self.logits.setdefault(key, np.zeros(self.num_actions))[legal])
 
     def action_key(self, state, key: str, action: int) -> object:
         return str(state.child(action)) if self.perfect_information else (key, action)
@@ -90,9 +88,7 @@ class Learner:
         visits = [move for _ in range(games) for move in self.play()]
         grads: dict[str, np.ndarray] = {}
         for key, legal, i, ret, keys in visits:
-            logits = self.logits[key][legal]
-            p = np.exp(logits - logits.max())
-            p /= p.sum()
+            p = _softmax(self.logits[key][legal])
             value = self.values.get(key, [0.0])[0]
             g = np.zeros(len(legal))
             if self.kind != "qpg":
@@ -120,11 +116,14 @@ class Learner:
         tab = os_policy.TabularPolicy(self.game)
         for key, row in tab.state_lookup.items():
             legal = np.nonzero(tab.legal_actions_mask[row])[0]
-            logits = self.logits.get(key, np.zeros(self.num_actions))[legal]
-            p = np.exp(logits - logits.max())
             tab.action_probability_array[row] = 0.0
-            tab.action_probability_array[row, legal] = p / p.sum()
+            tab.action_probability_array[row, legal] = _softmax(self.logits.get(key, np.zeros(self.num_actions))[legal])
         return tab
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    p = np.exp(logits - logits.max())
+    return p / p.sum()
 
 
 def _visit(table: dict, key: object, ret: float) -> None:

@@ -141,13 +141,11 @@ class ValueTable:
                 start -= 1
             state = (labels[e], str(observations[e][k]))
             prefix = tuple(ids[b, start:t].tolist())
-            found = [self.actions.get((*state, prefix + (token,))) if token >= 0 else None
-                     for token in allowed[b, t].tolist()]
+            tokens = [token for token in allowed[b, t].tolist() if token >= 0]  # ids first, then -1 padding
+            found = [self.actions.get((*state, prefix + (token,))) for token in tokens]
             known = [entry[0] for entry in found if entry]
             unknown = sum(known) / len(known) if known else float(values[e, k])
-            for i, token in enumerate(allowed[b, t].tolist()):
-                if token >= 0:
-                    out[b, t, i] = found[i][0] if found[i] else unknown
+            out[b, t, :len(tokens)] = torch.tensor([entry[0] if entry else unknown for entry in found])
             visits.append(((*state, prefix + (int(ids[b, t]),)), float(returns[e, k])))
         for key, ret in visits:
             self._visit(self.actions, key, ret, window)

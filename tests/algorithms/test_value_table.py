@@ -87,7 +87,7 @@ def test_action_values_give_each_allowed_token_the_mean_return_of_the_replies_th
     assert second["choice_values"][1].tolist() == [[2.0, -1.0, v], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
     third = batch([0.0])
     third["anchor_obs"] = [["Q"]]
-    ValueTable.load_state_dict(table, {**table.state_dict(), "states": [["s0", "Q", -4.0, 3]]})
+    table.load_state_dict({**table.state_dict(), "states": [["s0", "Q", -4.0, 3]]})
     table(third, **cfg)  # a state no choice was made at yet: every token reads the state's value
     assert third["choice_values"][0, 0].tolist() == [-4.0, -4.0, -4.0]
     restored = ValueTable()
